@@ -1,0 +1,1 @@
+"""Attention backends: one contract (backend.py), many kernels (backends/)."""

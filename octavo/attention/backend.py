@@ -1,0 +1,116 @@
+"""The contract every attention backend implements.
+
+A backend
+- declares the KV cache tensor shape for one layer given
+  ``(num_blocks, block_size, num_kv_heads, head_size)``;
+- says why it cannot run a configuration (``validate`` returns a list of reasons; empty = ok);
+- builds its per-step metadata from the flattened batch (``CommonAttentionMetadata``);
+- in ``forward``, first writes the new K/V of *every* token of the batch into the cache at the
+  slot mapping, then computes causal attention of each request's query tokens over all of its
+  cached + new tokens. Writing everything first is what lets a request read, in the same step,
+  blocks that another request of the batch is filling (prefix hits on a block being computed).
+
+Query token ``j`` of request ``i`` sits at absolute position ``seq_lens[i] - query_len_i + j``
+and attends to key positions ``0 .. that position``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+
+@dataclass
+class CommonAttentionMetadata:
+    """The flattened batch, as every backend receives it.
+
+    Device tensors: ``query_start_loc`` [B+1] int32, ``seq_lens`` [B] int32, ``block_table``
+    [B, max_blocks] int32 (padded with the null block 0), ``slot_mapping`` [T] int64.
+    Host copies (numpy) of the first two let reference code loop without a device sync.
+    """
+
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    query_start_loc_cpu: np.ndarray
+    seq_lens_cpu: np.ndarray
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+
+
+class AttentionImpl:
+    """Per-layer kernel wrapper. ``forward`` returns ``[T, num_heads, head_size]``."""
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class AttentionBackend:
+    name: ClassVar[str] = "abstract"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+    )
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+    # None: any head size / block size.
+    supported_head_sizes: ClassVar[tuple[int, ...] | None] = None
+    supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
+
+    @classmethod
+    def validate(
+        cls, head_size: int, dtype: torch.dtype, kv_cache_dtype: str, block_size: int
+    ) -> list[str]:
+        """Reasons this backend cannot run the configuration (empty when it can)."""
+        reasons = []
+        if dtype not in cls.supported_dtypes:
+            reasons.append(f"dtype {dtype} not supported")
+        if kv_cache_dtype not in cls.supported_kv_cache_dtypes:
+            reasons.append(f"kv_cache_dtype {kv_cache_dtype!r} not supported on this backend")
+        if cls.supported_head_sizes is not None and head_size not in cls.supported_head_sizes:
+            reasons.append(f"head size {head_size} not in {list(cls.supported_head_sizes)}")
+        if cls.supported_block_sizes is not None and block_size not in cls.supported_block_sizes:
+            reasons.append(f"block size {block_size} not in {list(cls.supported_block_sizes)}")
+        reasons.extend(cls.extra_reasons(head_size, dtype, kv_cache_dtype, block_size))
+        return reasons
+
+    @classmethod
+    def extra_reasons(
+        cls, head_size: int, dtype: torch.dtype, kv_cache_dtype: str, block_size: int
+    ) -> list[str]:
+        """Backend-specific reasons (a missing package, a missing device capability)."""
+        return []
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @classmethod
+    def build_metadata(cls, common: CommonAttentionMetadata) -> Any:
+        return common
+
+    @classmethod
+    def get_impl_cls(cls) -> type[AttentionImpl]:
+        raise NotImplementedError

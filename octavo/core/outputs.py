@@ -1,0 +1,33 @@
+"""What the engine core reports per request per step (before detokenization)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    # Per new token: {token_id: (logprob, rank)} including the sampled token, or None.
+    new_logprobs: list[dict[int, tuple[float, int]]] | None = None
+    prompt_logprobs: list[dict[int, tuple[float, int]] | None] | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class SchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    step_counters: dict[str, int] = field(default_factory=dict)

@@ -1,0 +1,57 @@
+"""What one scheduling step hands to the model runner.
+
+New requests (first admission, or re-admission after preemption) travel in full; requests
+that were already running travel as deltas (new block ids). ``num_scheduled_tokens`` keeps
+the batch order: the runner lays requests out in that order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octavo.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    req_id: str
+    prompt_token_ids: list[int]
+    # Output tokens generated before a preemption (empty for a first admission).
+    output_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class CachedRequestData:
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: list[CachedRequestData]
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests the runner should forget (finished, aborted or preempted since the last step).
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0
+
+
+@dataclass
+class ModelRunnerOutput:
+    """Sampled tokens (one list per sampling request; empty for partial prefills)."""
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    # Per request: per sampled token, a dict {token_id: (logprob, rank)} or None.
+    logprobs: list[list[dict[int, tuple[float, int]]] | None] | None = None
+    # Per request that asked for prompt logprobs: list aligned with prompt positions 1..
+    prompt_logprobs: dict[str, list[dict[int, tuple[float, int]] | None]] | None = None

@@ -1,0 +1,1 @@
+"""Engine: the core loop (scheduler + model runner), input and output processing."""

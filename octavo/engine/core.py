@@ -1,0 +1,78 @@
+"""The engine core: one scheduler, one model runner, one ``step``.
+
+``step`` = schedule -> execute -> update. It knows token ids only (no text); the input and
+output processors around it tokenize and detokenize. The same object runs in-process for the
+offline ``LLM`` class and inside the engine process when serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from octavo.config import OctavoConfig
+from octavo.core.kv_cache_manager import KVCacheManager
+from octavo.core.outputs import EngineCoreOutput, SchedulerStats
+from octavo.core.request import Request, RequestStatus
+from octavo.core.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: OctavoConfig) -> None:
+        from octavo.platforms import current_platform
+        from octavo.worker.model_runner import ModelRunner
+
+        t0 = time.perf_counter()
+        self.config = config
+        platform = current_platform
+        platform.seed_everything(config.model_config.seed)
+        self.runner = ModelRunner(config, platform)
+        self.runner.load_model()
+        num_blocks = self.runner.determine_num_blocks()
+        self.runner.initialize_kv_cache(num_blocks)
+        cc, sc = config.cache_config, config.scheduler_config
+        self.scheduler = Scheduler(
+            KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching, cc.prefix_hash),
+            max_num_batched_tokens=sc.max_num_batched_tokens,
+            max_num_seqs=sc.max_num_seqs,
+            max_model_len=sc.max_model_len,
+            policy=sc.policy,
+            long_prefill_token_threshold=sc.long_prefill_token_threshold,
+            enable_chunked_prefill=sc.enable_chunked_prefill,
+        )
+        self.startup_seconds = time.perf_counter() - t0
+        mc = config.model_config
+        logger.info(
+            "platform %s | attention %s | graphs %s | dtype %s | KV cache %d blocks x %d = %d tokens "
+            "| weights %.1f MiB | ready in %.2fs",
+            platform.name,
+            self.runner.attn_backend.name,
+            "none" if config.enforce_eager else platform.graph_capture,
+            str(mc.dtype).removeprefix("torch."),
+            num_blocks,
+            cc.block_size,
+            (num_blocks - 1) * cc.block_size,
+            self.runner.model_bytes() / 2**20,
+            self.startup_seconds,
+        )
+
+    def add_request(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        if not self.scheduler.has_unfinished_requests():
+            return []
+        so = self.scheduler.schedule()
+        runner_out = self.runner.execute_model(so)
+        return self.scheduler.update_from_output(so, runner_out)
+
+    def stats(self) -> SchedulerStats:
+        return self.scheduler.make_stats()

@@ -1,0 +1,78 @@
+"""Synchronous engine: input processor -> engine core -> output processor, in one process."""
+
+from __future__ import annotations
+
+import logging
+
+from octavo.config import EngineArgs, OctavoConfig
+from octavo.core.request import RequestStatus
+from octavo.engine.core import EngineCore
+from octavo.engine.output_processor import OutputKind, OutputProcessor
+from octavo.engine.processor import Processor, PromptType
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class LLMEngine:
+    def __init__(self, config: OctavoConfig) -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model_config.tokenizer)
+        self.processor = Processor(config, self.tokenizer)
+        self.core = EngineCore(config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args.create_engine_config())
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        output_kind: OutputKind = OutputKind.CUMULATIVE,
+    ) -> None:
+        if request_id in self.output_processor.states:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids, reqs = self.processor.make_requests(
+            request_id, prompt, params, arrival_time, priority, cache_salt
+        )
+        added = []
+        try:
+            for r in reqs:
+                self.core.add_request(r)
+                added.append(r.request_id)
+        except ValueError:
+            self.core.abort_requests(added)
+            raise
+        self.output_processor.add_request(request_id, text, ids, reqs, output_kind)
+
+    def abort_request(self, request_ids: str | list[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for rid in request_ids:
+            self.core.abort_requests(self.output_processor.abort(rid))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.output_processor.states)
+
+    def step(self) -> list[RequestOutput]:
+        core_outputs = self.core.step()
+        outputs, to_abort = self.output_processor.process_outputs(core_outputs)
+        if to_abort:
+            self.core.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
+        return outputs

@@ -1,0 +1,82 @@
+"""Every environment variable octavo reads, with its default and meaning.
+
+Read a variable as an attribute of this module (``octavo.envs.OCTAVO_PLATFORM``); the value
+is looked up on each access so tests can ``monkeypatch.setenv`` freely. Nothing else in the
+package calls ``os.environ`` for an ``OCTAVO_*`` name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+
+def _str(name: str, default: str | None) -> Callable[[], str | None]:
+    return lambda: os.environ.get(name, default)
+
+
+def _int(name: str, default: int) -> Callable[[], int]:
+    return lambda: int(os.environ.get(name, str(default)))
+
+
+def _float(name: str, default: float) -> Callable[[], float]:
+    return lambda: float(os.environ.get(name, str(default)))
+
+
+def _bool(name: str, default: bool) -> Callable[[], bool]:
+    return lambda: os.environ.get(name, "1" if default else "0").strip().lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
+
+
+# name -> (getter, one-line description)
+ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
+    "OCTAVO_LOGGING_LEVEL": (_str("OCTAVO_LOGGING_LEVEL", "INFO"), "Log level of the octavo logger."),
+    "OCTAVO_PLATFORM": (
+        _str("OCTAVO_PLATFORM", None),
+        "Force a platform by name (cpu, cuda, rocm, xpu, tpu or a plugin's name).",
+    ),
+    "OCTAVO_ATTENTION_BACKEND": (
+        _str("OCTAVO_ATTENTION_BACKEND", None),
+        "Force an attention backend by name (torch_ref, cpu_paged, triton_paged, ...).",
+    ),
+    "OCTAVO_CPU_KVCACHE_SPACE": (
+        _float("OCTAVO_CPU_KVCACHE_SPACE", 4.0),
+        "GiB of host memory for the KV cache on the CPU platform.",
+    ),
+    "OCTAVO_CPU_ISA": (
+        _str("OCTAVO_CPU_ISA", None),
+        "Force the CPU kernel ISA variant: avx512, avx2, neon or scalar.",
+    ),
+    "OCTAVO_CPU_THREADS_BIND": (
+        _str("OCTAVO_CPU_THREADS_BIND", "auto"),
+        "CPU compute-thread placement: auto (one per physical core), a core list like 0-3, or none.",
+    ),
+    "OCTAVO_PREFIX_HASH": (
+        _str("OCTAVO_PREFIX_HASH", "builtin"),
+        "Block hash for prefix caching: builtin (fast) or sha256 (collision resistant).",
+    ),
+    "OCTAVO_ENGINE_INPROC": (
+        _bool("OCTAVO_ENGINE_INPROC", False),
+        "Run the engine core inside the API process (debugging).",
+    ),
+    "OCTAVO_API_KEY": (_str("OCTAVO_API_KEY", None), "API key required by `octavo serve` on /v1."),
+    "OCTAVO_DEFAULT_MODEL": (
+        _str("OCTAVO_DEFAULT_MODEL", None),
+        "Model used when none is given (defaults to the model shipped in the package).",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in ENVIRONMENT_VARIABLES:
+        return ENVIRONMENT_VARIABLES[name][0]()
+    raise AttributeError(f"module 'octavo.envs' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(ENVIRONMENT_VARIABLES)

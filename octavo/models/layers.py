@@ -1,0 +1,90 @@
+"""Building blocks of Llama-family decoders, numerically matched to HF transformers.
+
+Each op follows transformers' order of operations and dtypes exactly, so float32 outputs agree
+bit for bit wherever the underlying GEMMs do.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + self.eps)
+        out = self.weight * h.to(dtype)
+        return out if residual is None else (out, residual)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _rope_parameters(hf_config) -> dict:
+    params = getattr(hf_config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    out = {"rope_type": "default", "rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if scaling:
+        out.update(scaling)
+        out["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+    return out
+
+
+def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies and attention scaling, as transformers computes them."""
+    params = _rope_parameters(hf_config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params["rope_theta"]
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        return inv_freq, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
+        raise ValueError(
+            f"rope_scaling type {rope_type!r} is not supported "
+            f"(supported: default, {', '.join(k for k in ROPE_INIT_FUNCTIONS if k != 'dynamic')})"
+        )
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    return inv_freq.float(), float(attention_scaling)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style RoPE with a precomputed cos/sin table indexed by absolute position."""
+
+    def __init__(self, hf_config, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
+        pos = torch.arange(max_position, dtype=torch.int64).float()
+        freqs = pos[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
+        self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """``q``: [T, H, D], ``k``: [T, Hk, D]; returns rotated copies."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

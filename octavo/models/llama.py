@@ -1,0 +1,194 @@
+"""One decoder for the Llama family: Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k RMSNorm).
+
+The model works on a flattened batch: ``input_ids`` and ``positions`` are [T] over every
+scheduled token of every request; attention reads and writes the paged KV cache through the
+per-step metadata. q/k/v and gate/up are fused into one GEMM each at load time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from octavo.attention.backend import AttentionBackend
+from octavo.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+
+
+class FusedLinear(nn.Linear):
+    """A linear layer whose output is the concatenation of named shards (q|k|v, gate|up).
+
+    ``shard_sizes`` maps a checkpoint shard id to its output rows, in layout order.
+    """
+
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shard_sizes.values()), bias=bias)
+        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        off = 0
+        for name, size in shard_sizes.items():
+            self.shard_offsets[name] = (off, size)
+            off += size
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+        off, size = self.shard_offsets[shard_id]
+        target = param.data.narrow(0, off, size)
+        if target.shape != loaded.shape:
+            raise ValueError(f"shard {shard_id}: expected shape {tuple(target.shape)}, got {tuple(loaded.shape)}")
+        target.copy_(loaded)
+
+
+class Attention(nn.Module):
+    """Binds one layer's attention kernel to its slice of the KV cache."""
+
+    def __init__(self, impl) -> None:
+        super().__init__()
+        self.impl = impl
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(self, q, k, v, attn_metadata):
+        return self.impl.forward(q, k, v, self.kv_cache, attn_metadata)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        self.qkv_proj = FusedLinear(
+            cfg.hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size}, bias
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False)))
+        self.qk_norm = cfg.model_type == "qwen3"
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(cfg, self.head_dim, max_position, dtype)
+        scale = self.head_dim**-0.5
+        self.attn = Attention(backend.get_impl_cls()(self.num_heads, self.head_dim, scale, self.num_kv_heads))
+
+    def forward(self, positions, hidden, attn_metadata):
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v, attn_metadata)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        act = getattr(cfg, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
+        bias = bool(getattr(cfg, "mlp_bias", False))
+        inter = cfg.intermediate_size
+        self.gate_up_proj = FusedLinear(cfg.hidden_size, {"gate": inter, "up": inter}, bias)
+        self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=bias)
+
+    def forward(self, x):
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg, backend, dtype, max_position):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, backend, dtype, max_position)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions, hidden, residual, attn_metadata):
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, attn_metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg, backend, dtype, max_position):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, backend, dtype, max_position) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids, positions, attn_metadata):
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, attn_metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """Checkpoint tensor names map onto this module's parameters (see ``load_weights``)."""
+
+    # checkpoint suffix -> (fused parameter suffix, shard id)
+    stacked_params = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int):
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg, backend, dtype, max_position)
+        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def attention_layers(self) -> list[Attention]:
+        return [layer.self_attn.attn for layer in self.model.layers]
+
+    def forward(self, input_ids, positions, attn_metadata: Any) -> torch.Tensor:
+        return self.model(input_ids, positions, attn_metadata)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight)
+
+    def expected_checkpoint_targets(self) -> set[tuple[str, str | None]]:
+        """Every (parameter, shard) a checkpoint must provide."""
+        targets: set[tuple[str, str | None]] = set()
+        for name, module in self.named_modules():
+            for pname, _ in module.named_parameters(recurse=False):
+                full = f"{name}.{pname}" if name else pname
+                if isinstance(module, FusedLinear):
+                    for shard in module.shard_offsets:
+                        targets.add((full, shard))
+                else:
+                    targets.add((full, None))
+        return targets
+
+    def map_checkpoint_name(self, name: str) -> tuple[str, str | None] | None:
+        """Checkpoint tensor name -> (parameter name, shard id), or None to skip it."""
+        if "rotary_emb.inv_freq" in name:
+            return None
+        if name == "lm_head.weight" and self.tie_word_embeddings:
+            return None
+        parts = name.split(".")
+        for ckpt, (fused, shard) in self.stacked_params.items():
+            if ckpt in parts:
+                parts[parts.index(ckpt)] = fused
+                return ".".join(parts), shard
+        return name, None

@@ -1,0 +1,38 @@
+"""Architecture name (``config.json`` ``architectures``) -> model class path.
+
+Packages add architectures through the ``octavo.general_plugins`` entry-point group by calling
+``register_model``. Classes are imported only when a checkpoint asks for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LLAMA = "octavo.models.llama.LlamaForCausalLM"
+
+_MODELS: dict[str, str] = {
+    "LlamaForCausalLM": _LLAMA,
+    "MistralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": _LLAMA,
+    "Qwen3ForCausalLM": _LLAMA,
+}
+
+
+def register_model(architecture: str, class_path: str) -> None:
+    _MODELS[architecture] = class_path
+
+
+def supported_architectures() -> list[str]:
+    return sorted(_MODELS)
+
+
+def resolve_architecture(architectures: list[str] | None) -> tuple[str, type]:
+    """Return (architecture, model class) for the first supported name, or raise ValueError."""
+    for arch in architectures or []:
+        if arch in _MODELS:
+            module, cls = _MODELS[arch].rsplit(".", 1)
+            return arch, getattr(importlib.import_module(module), cls)
+    raise ValueError(
+        f"unsupported model architecture {architectures!r}; "
+        f"octavo supports: {', '.join(supported_architectures())}"
+    )

@@ -1,0 +1,1 @@
+"""Model runner: flattened batch -> logits -> sampled tokens; KV cache tensors."""

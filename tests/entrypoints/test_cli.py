@@ -1,0 +1,41 @@
+"""The CLI on the shipped model: ``octavo generate`` with no flags, ``octavo info``."""
+
+import subprocess
+import sys
+
+import pytest
+
+from octavo.config import DEFAULT_MODEL_DIR
+
+needs_default = pytest.mark.skipif(
+    not (DEFAULT_MODEL_DIR / "model.safetensors").exists(), reason="shipped model missing"
+)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "octavo.entrypoints.cli", *args],
+        capture_output=True, text=True, timeout=600,
+    )
+
+
+@needs_default
+def test_generate_with_no_flags_uses_shipped_model():
+    r = run_cli("generate", "def fibonacci(n):")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("def fibonacci(n):")
+    assert len(r.stdout.strip()) > len("def fibonacci(n):") + 10
+
+
+@needs_default
+def test_info_reports_platform_and_backend():
+    r = run_cli("info")
+    assert r.returncode == 0, r.stderr
+    assert "platform" in r.stdout and "cpu" in r.stdout
+    assert "attention" in r.stdout
+
+
+def test_generate_bad_model_is_a_clear_error(tmp_path):
+    r = run_cli("generate", "x", "--model", str(tmp_path / "nope"))
+    assert r.returncode == 2
+    assert "error:" in r.stderr and "model" in r.stderr
