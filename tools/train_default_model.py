@@ -389,6 +389,8 @@ def main() -> None:
                   "tokenizers": tokenizers.__version__},
     )
     (out / "README.md").write_text(card)
+    for f in out.iterdir():  # safetensors writes 0600; package data should be world-readable
+        f.chmod(0o644)
     # The card's own size is small; report the folder total after writing it.
     total = dir_size(out)
     log(f"saved to {out}: " + ", ".join(
@@ -483,7 +485,11 @@ val {saved_val:.4f} after rounding to the shipped bfloat16 weights.
 
 ## Samples
 
-Greedy decoding, {args.sample_tokens} new tokens, from the saved bfloat16 weights:
+Greedy decoding, {args.sample_tokens} new tokens, from the saved bfloat16 weights.
+The byte-level BPE attaches a leading space to the following word (`" foo"` is one
+token), so a prompt that ends in a space, like these, leaves a lone space token the
+model rarely saw in training; prompts that end at a word or line boundary
+(`"def fibonacci(n):"`, `"import os\\n"`) continue more naturally.
 
 {sample_md}
 """
