@@ -73,6 +73,10 @@ class ModelConfig:
     def num_kv_heads(self) -> int:
         return getattr(self.hf_config, "num_key_value_heads", None) or self.num_heads
 
+    def kv_heads_per_rank(self, tensor_parallel_size: int) -> int:
+        """KV heads one tensor-parallel rank holds (replicated when tp > num_kv_heads)."""
+        return max(1, self.num_kv_heads // tensor_parallel_size)
+
     @property
     def head_size(self) -> int:
         c = self.hf_config

@@ -1,5 +1,9 @@
 """User-facing sampling parameters, field names and meanings as in vLLM.
 
+How each field acts on the logits, and in which order, is documented in
+``octavo/core/sampler.py``. ``top_k`` 0 and -1 both disable top-k; greedy (temperature 0)
+resets ``top_p``/``top_k``/``min_p`` to their neutral values.
+
 Invariants after ``__post_init__``: every numeric field lies in its documented range, ``stop``
 is a list of non-empty strings, ``stop_token_ids`` a list of ints; a ``ValueError`` names the
 offending field and its allowed range otherwise. Checks that need the model (token ids inside
@@ -8,6 +12,7 @@ the vocabulary, prompt + max_tokens within the context) happen in the input proc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 
@@ -81,8 +86,12 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "an integer >= 1", self.n)
-        if self.temperature < 0.0:
-            raise bad("temperature", "non-negative (0 means greedy)", self.temperature)
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+                raise bad(name, "a number", value)
+        if self.temperature < 0.0 or not math.isfinite(self.temperature):
+            raise bad("temperature", "a finite number >= 0 (0 means greedy)", self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]", self.top_p)
         if not isinstance(self.top_k, int) or self.top_k < -1:
@@ -93,8 +102,8 @@ class SamplingParams:
             raise bad("presence_penalty", "in [-2, 2]", self.presence_penalty)
         if not -2.0 <= self.frequency_penalty <= 2.0:
             raise bad("frequency_penalty", "in [-2, 2]", self.frequency_penalty)
-        if not 0.0 < self.repetition_penalty <= 2.0:
-            raise bad("repetition_penalty", "in (0, 2]", self.repetition_penalty)
+        if not self.repetition_penalty > 0.0 or not math.isfinite(self.repetition_penalty):
+            raise bad("repetition_penalty", "a finite number > 0 (1 means none)", self.repetition_penalty)
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
             raise bad("max_tokens", "an integer >= 1", self.max_tokens)
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
@@ -123,7 +132,13 @@ class SamplingParams:
             for t in self.allowed_token_ids:
                 if not isinstance(t, int) or isinstance(t, bool):
                     raise bad("allowed_token_ids", "a list of integers", self.allowed_token_ids)
+        if self.logit_bias is not None:
+            for t, b in self.logit_bias.items():
+                if math.isnan(b):
+                    raise bad("logit_bias", "a map of token ids to numbers (not NaN)", {t: b})
         if self.bad_words is not None:
+            if not isinstance(self.bad_words, (list, tuple)):
+                raise bad("bad_words", "a list of non-empty strings", self.bad_words)
             for w in self.bad_words:
                 if not isinstance(w, str) or not w:
                     raise bad("bad_words", "a list of non-empty strings", self.bad_words)

@@ -229,10 +229,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
 
-    from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig,
-                              LlamaForCausalLM)
-    import transformers
     import tokenizers
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
     def log(msg: str) -> None:
         print(f"[{time.time() - t_start:7.1f}s] {msg}", flush=True)

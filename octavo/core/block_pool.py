@@ -1,6 +1,7 @@
 """KV cache blocks, the free queue (which is also the LRU eviction order), and the pool.
 
-Invariants (checked by tests/core/test_block_pool_invariants.py):
+Invariants (checked after every step by tests/core/test_scheduler_property.py, and in
+tests/core/test_prefix_caching.py):
 - a block is in the free queue iff its ``ref_cnt == 0`` (the null block is in neither);
 - ``cached_block_hash_to_block[h].block_hash == h`` for every entry;
 - a block with a hash keeps it while free, so it can be revived by a prefix hit; the hash is

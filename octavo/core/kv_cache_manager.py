@@ -3,8 +3,11 @@
 For each running request the manager keeps the ordered list of its blocks; block ``i`` holds
 the KV of token positions ``[i * block_size, (i + 1) * block_size)``. Contract:
 - ``get_computed_blocks(req)`` finds the longest prefix of *full* blocks already cached,
-  capped so at least the last prompt token is recomputed (there must be logits to sample);
-  it changes nothing.
+  capped so at least the last known token is recomputed (there must be logits to sample);
+  it changes nothing but the request's own hash list. Skipped (no hit) when caching is off
+  or the request wants prompt logprobs (those positions must be computed).
+- ``record_prefix_cache_query(req, n_hit)`` counts a lookup once, when the scheduler admits
+  the request (a lookup for a request that then could not be admitted is not counted).
 - ``allocate_slots(req, n, hits, n_hit)`` either makes room for ``n`` more tokens after the
   computed ones (attaching hit blocks first) and returns the new blocks, or returns ``None``
   and changes nothing at all (not even hit blocks' ref counts).
@@ -49,6 +52,11 @@ class KVCacheManager:
         return self.block_pool.num_blocks - 1
 
     @property
+    def max_num_tokens(self) -> int:
+        """Tokens the whole pool can hold: no single request can ever hold more KV than this."""
+        return self.num_usable_blocks * self.block_size
+
+    @property
     def usage(self) -> float:
         return self.block_pool.get_usage()
 
@@ -74,10 +82,13 @@ class KVCacheManager:
             if b is None:
                 break
             hits.append(b)
-        num_hit_tokens = len(hits) * self.block_size
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += num_hit_tokens
-        return hits, num_hit_tokens
+        return hits, len(hits) * self.block_size
+
+    def record_prefix_cache_query(self, request: Request, num_hit_tokens: int) -> None:
+        """Count one admitted lookup: ``num_tokens`` queried, ``num_hit_tokens`` served."""
+        if self.enable_caching and request.sampling_params.prompt_logprobs is None:
+            self.prefix_cache_queries += request.num_tokens
+            self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(
         self,

@@ -39,7 +39,11 @@ _FINISH_REASON = {
 
 
 class Request:
-    """One sequence to generate. Parallel sampling (``n > 1``) makes one Request per child."""
+    """One sequence to generate. Parallel sampling (``n > 1``) makes one Request per child.
+
+    Children of one ``n > 1`` request carry the user's request id in ``parent_request_id``;
+    the scheduler uses it to compute their shared prompt once (see ``Scheduler``).
+    """
 
     def __init__(
         self,
@@ -50,6 +54,7 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        parent_request_id: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -58,6 +63,7 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority
         self.cache_salt = cache_salt
+        self.parent_request_id = parent_request_id
 
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
@@ -67,8 +73,13 @@ class Request:
         # Number of prompt tokens served from the prefix cache at the last admission.
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        # Order of arrival at the scheduler (set by it): the last tiebreak between requests of
+        # equal priority and arrival time, e.g. the children of one n > 1 request.
+        self.arrival_seq = 0
         # Chained hashes of the full blocks of all_token_ids, filled by the KV cache manager.
         self.block_hashes: list = []
+        # Next prompt position whose logprobs have not been reported (prompt_logprobs only).
+        self.next_prompt_logprob_pos = 1
         max_tokens = sampling_params.max_tokens
         self.max_tokens: int | None = max_tokens
 

@@ -1,7 +1,9 @@
 """Waiting queues for the two scheduling policies.
 
 ``fcfs``: arrival order; a preempted request returns to the *front*.
-``priority``: lowest ``priority`` value first, ties broken by arrival time, then by insertion.
+``priority``: lowest ``priority`` value first, ties broken by arrival time, then by
+``arrival_seq`` (the scheduler's arrival order), then by insertion. A preempted request
+re-enters with its original key, so it returns to where it belongs.
 """
 
 from __future__ import annotations
@@ -44,29 +46,30 @@ class FCFSQueue:
 
 class PriorityQueue:
     def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
+        self._heap: list[tuple[int, float, int, int, Request]] = []
         self._counter = itertools.count()
 
     def add(self, req: Request) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_time, next(self._counter), req))
+        key = (req.priority, req.arrival_time, req.arrival_seq, next(self._counter), req)
+        heapq.heappush(self._heap, key)
 
     prepend = add  # a preempted request's key already puts it where it belongs
 
     def peek(self) -> Request:
-        return self._heap[0][3]
+        return self._heap[0][-1]
 
     def pop(self) -> Request:
-        return heapq.heappop(self._heap)[3]
+        return heapq.heappop(self._heap)[-1]
 
     def remove(self, req: Request) -> None:
-        self._heap = [e for e in self._heap if e[3] is not req]
+        self._heap = [e for e in self._heap if e[-1] is not req]
         heapq.heapify(self._heap)
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return (e[3] for e in sorted(self._heap, key=lambda e: e[:3]))
+        return (e[-1] for e in sorted(self._heap, key=lambda e: e[:4]))
 
 
 def create_request_queue(policy: str) -> FCFSQueue | PriorityQueue:

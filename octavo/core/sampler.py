@@ -1,39 +1,164 @@
 """Vectorised sampling over the whole batch, on whatever device the logits are on.
 
-One fixed pipeline for every row: fp32 logits -> temperature -> top-k / top-p -> sample.
-Greedy rows take the argmax. Random rows divide probabilities by i.i.d. Exponential(1) noise
-and take the argmax (equivalent to sampling from them, without ``torch.multinomial``'s host
-sync); seeded rows draw their noise from their own generator, so their output does not depend
-on what else is in the batch.
+One fixed pipeline for every row (rows with different parameters share each pass; a step
+whose rows never use a feature skips it entirely):
+
+1. logits -> float32
+2. ``allowed_token_ids``: every other token -> -inf
+3. ``bad_words``: the last token of a bad word whose prefix ends the output so far -> -inf
+4. ``min_tokens``: while fewer outputs than ``min_tokens``, EOS and ``stop_token_ids`` -> -inf;
+   ``logit_bias`` is added
+5. penalties, vLLM semantics: ``repetition_penalty`` divides positive / multiplies negative
+   logits of tokens seen in the prompt *or* the output; ``frequency_penalty`` subtracts
+   ``penalty * count`` and ``presence_penalty`` subtracts ``penalty`` for tokens seen in the
+   output
+6. greedy rows take the argmax here (if every row is greedy nothing below runs)
+7. temperature, then ``min_p`` (tokens with probability below ``min_p * max_prob`` -> -inf),
+   then ``top_k`` / ``top_p`` (on the top-k renormalised distribution)
+8. sample: probabilities divided by i.i.d. Exponential(1) noise, argmax (equivalent to drawing
+   from them, without ``torch.multinomial``'s host sync); seeded rows draw their noise from
+   their own generator, so their output does not depend on what else is in the batch
+9. logprobs: ``log_softmax`` of the *processed* logits the token was drawn from (after step 7;
+   for greedy rows after step 5, no temperature), i.e. vLLM's ``processed_logprobs`` mode. Per
+   row: the sampled token with its rank (1 = most likely; ties count against it), then the
+   top-N tokens with ranks 1..N. Masked tokens have logprob -inf.
+
+Invariant: nothing here reads a tensor back to the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
+
+_MIX = 0x9E3779B97F4A7C15
+_MASK63 = (1 << 63) - 1
+
+
+def token_seed(seed: int, index: int) -> int:
+    """Seed of the noise for output token ``index`` of a seeded request.
+
+    Derived from (seed, index) alone, so a seeded request samples the same tokens whatever
+    else is in the batch and even after preemption and recompute.
+    """
+    return ((seed & _MASK63) * 1_000_003 + (index + 1) * _MIX) & _MASK63
 
 
 @dataclass
 class SamplingMetadata:
+    """Per-step sampling inputs for ``S`` rows; optional fields are None when no row uses them."""
+
     temperature: torch.Tensor  # [S] float32; 0 marks a greedy row
     all_greedy: bool
     all_random: bool
     top_k: torch.Tensor | None = None  # [S] int64; <= 0 means disabled
     top_p: torch.Tensor | None = None  # [S] float32; 1.0 means disabled
+    min_p: torch.Tensor | None = None  # [S] float32; 0.0 means disabled
     generators: dict[int, torch.Generator] = field(default_factory=dict)
+    # [S, V] bool, True where a token is *not* allowed (rows without a list are all False).
+    allowed_token_ids_mask: torch.Tensor | None = None
+    # (row indices, token ids) to set to -inf.
+    bad_words_mask: tuple[torch.Tensor, torch.Tensor] | None = None
+    min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None = None
+    # (row indices, token ids, biases) to add.
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # Penalties: all three set, or all None when no row has one.
+    presence_penalties: torch.Tensor | None = None  # [S] float32
+    frequency_penalties: torch.Tensor | None = None  # [S] float32
+    repetition_penalties: torch.Tensor | None = None  # [S] float32
+    prompt_token_ids: torch.Tensor | None = None  # [S, P] int64, padded with V
+    output_token_ids: torch.Tensor | None = None  # [S, O] int64, padded with V
+    # Largest ``logprobs`` any row asked for; None when no row did.
+    max_num_logprobs: int | None = None
+
+
+@dataclass
+class LogprobsTensors:
+    """Column 0 is the sampled token, columns 1..N the top-N of the processed distribution."""
+
+    token_ids: torch.Tensor  # [S, 1 + N] int64
+    logprobs: torch.Tensor  # [S, 1 + N] float32
+    sampled_ranks: torch.Tensor  # [S] int64, rank of the sampled token (1 = most likely)
 
 
 @dataclass
 class SamplerOutput:
     sampled_token_ids: torch.Tensor  # [S] int64
+    logprobs: LogprobsTensors | None = None
+
+
+# -- host-side helpers that build masks (used by the runner's metadata builder) ------------
+def bad_words_positions(
+    bad_words: dict[int, list[list[int]]], output_token_ids: dict[int, np.ndarray]
+) -> tuple[list[int], list[int]]:
+    """(rows, token ids) to forbid: a bad word's last token when the rest of it ends the output.
+
+    Single-token bad words are always forbidden. Only generated tokens count as history
+    (as in vLLM), so a bad word may still be completed across the prompt/output boundary.
+    """
+    rows: list[int] = []
+    toks: list[int] = []
+    for row, words in bad_words.items():
+        past = output_token_ids[row]
+        n = len(past)
+        for w in words:
+            k = len(w) - 1
+            if k == 0 or (n >= k and past[n - k :].tolist() == w[:k]):
+                rows.append(row)
+                toks.append(w[-1])
+    return rows, toks
+
+
+# -- pipeline stages -------------------------------------------------------------------------
+def get_token_bin_counts_and_mask(
+    token_ids: torch.Tensor, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row token counts [S, V] (float32) and presence mask; ``vocab_size`` is padding."""
+    counts = torch.zeros(token_ids.shape[0], vocab_size + 1, dtype=torch.float32, device=token_ids.device)
+    counts.scatter_add_(1, token_ids, torch.ones_like(token_ids, dtype=torch.float32))
+    counts = counts[:, :vocab_size]
+    return counts, counts > 0
+
+
+def apply_penalties(
+    logits: torch.Tensor,
+    prompt_token_ids: torch.Tensor,
+    output_token_ids: torch.Tensor,
+    presence_penalties: torch.Tensor,
+    frequency_penalties: torch.Tensor,
+    repetition_penalties: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's penalties; neutral values (0, 0, 1) leave a row unchanged."""
+    vocab = logits.shape[1]
+    _, prompt_mask = get_token_bin_counts_and_mask(prompt_token_ids, vocab)
+    output_counts, output_mask = get_token_bin_counts_and_mask(output_token_ids, vocab)
+    rep = repetition_penalties[:, None].expand_as(logits)
+    rep = torch.where(prompt_mask | output_mask, rep, torch.ones_like(rep))
+    logits = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = logits - frequency_penalties[:, None] * output_counts
+    logits = logits - presence_penalties[:, None] * output_mask.to(logits.dtype)
+    return logits
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p`` times the row's largest probability."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p[:, None]
+    return logits.masked_fill(probs < threshold, float("-inf"))
 
 
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
 ) -> torch.Tensor:
-    """Mask (to -inf) tokens outside each row's top-k and top-p nucleus."""
+    """Mask (to -inf) tokens outside each row's top-k, then outside the top-p nucleus.
+
+    top-k keeps exactly ``k`` tokens (ties broken by sort order); top-p keeps the smallest
+    set of most likely tokens whose mass reaches ``p`` (of the distribution renormalised
+    over the top-k), always at least one.
+    """
     if top_k is None and top_p is None:
         return logits
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
@@ -53,25 +178,83 @@ def apply_top_k_top_p(
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One draw per row from ``probs`` (rows need not be normalised); consumes ``probs``."""
     q = torch.empty_like(probs)
     if len(generators) != probs.shape[0]:
         q.exponential_()
     for row, gen in generators.items():
         q[row].exponential_(generator=gen)
+    # A noise value of exactly 0 would make p / q inf (or NaN for a masked token, which
+    # argmax would pick); some backends can draw it, so keep q strictly positive.
+    q.clamp_(min=torch.finfo(q.dtype).tiny)
     return probs.div_(q).argmax(dim=-1)
 
 
+def gather_logprobs(
+    logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
+) -> LogprobsTensors:
+    """The given token per row with its rank, plus the row's top ``num_logprobs``."""
+    token_ids = token_ids.long()
+    token_lp = logprobs.gather(-1, token_ids[:, None])
+    ranks = (logprobs >= token_lp).sum(dim=-1)
+    if num_logprobs > 0:
+        top_lp, top_ids = logprobs.topk(num_logprobs, dim=-1)
+        ids = torch.cat([token_ids[:, None], top_ids], dim=1)
+        lps = torch.cat([token_lp, top_lp], dim=1)
+    else:
+        ids, lps = token_ids[:, None], token_lp
+    return LogprobsTensors(ids, lps, ranks)
+
+
 class Sampler(nn.Module):
+    """The fixed pipeline described in the module docstring, over every row at once."""
+
+    def apply_logits_processors(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Steps 2-5: masks, min_tokens, logit bias, penalties (in place where possible)."""
+        neg_inf = float("-inf")
+        if md.allowed_token_ids_mask is not None:
+            logits.masked_fill_(md.allowed_token_ids_mask, neg_inf)
+        if md.bad_words_mask is not None:
+            logits.index_put_(md.bad_words_mask, torch.tensor(neg_inf, device=logits.device))
+        if md.min_tokens_mask is not None:
+            logits.index_put_(md.min_tokens_mask, torch.tensor(neg_inf, device=logits.device))
+        if md.logit_bias is not None:
+            rows, toks, vals = md.logit_bias
+            logits.index_put_((rows, toks), vals, accumulate=True)
+        if md.repetition_penalties is not None:
+            assert md.prompt_token_ids is not None and md.output_token_ids is not None
+            assert md.presence_penalties is not None and md.frequency_penalties is not None
+            logits = apply_penalties(
+                logits,
+                md.prompt_token_ids,
+                md.output_token_ids,
+                md.presence_penalties,
+                md.frequency_penalties,
+                md.repetition_penalties,
+            )
+        return logits
+
+    def process(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Step 7 for random rows (greedy rows pass through unchanged)."""
+        temp = torch.where(md.temperature > 0, md.temperature, torch.ones_like(md.temperature))
+        logits = logits / temp[:, None]
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        return apply_top_k_top_p(logits, md.top_k, md.top_p)
+
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        logits = logits.float()
+        logits = logits.to(torch.float32, copy=True)
+        logits = self.apply_logits_processors(logits, md)
         greedy = logits.argmax(dim=-1) if not md.all_random else None
         if md.all_greedy:
-            return SamplerOutput(greedy)
-        temp = torch.where(md.temperature > 0, md.temperature, torch.ones_like(md.temperature))
-        scaled = logits / temp[:, None]
-        scaled = apply_top_k_top_p(scaled, md.top_k, md.top_p)
-        probs = scaled.softmax(dim=-1)
-        sampled = random_sample(probs, md.generators)
-        if greedy is not None:
-            sampled = torch.where(md.temperature > 0, sampled, greedy)
-        return SamplerOutput(sampled)
+            assert greedy is not None
+            processed, sampled = logits, greedy
+        else:
+            processed = self.process(logits, md)
+            sampled = random_sample(processed.softmax(dim=-1), md.generators)
+            if greedy is not None:
+                sampled = torch.where(md.temperature > 0, sampled, greedy)
+        lps = None
+        if md.max_num_logprobs is not None:
+            lps = gather_logprobs(processed.log_softmax(dim=-1), md.max_num_logprobs, sampled)
+        return SamplerOutput(sampled, lps)

@@ -1,11 +1,30 @@
 """Continuous batching under one token budget per step (vLLM V1's rule, no phases).
 
 Each request has ``num_computed_tokens`` and a target ``num_tokens`` (prompt + outputs). A step
-hands out ``max_num_batched_tokens`` so that computed catches up with target: running requests
-first (a decode is 1 token, an unfinished prompt its next chunk), then waiting ones (prefix
-cache lookup, then a chunk). When a running request cannot get blocks, the lowest-priority
-running request is preempted by recompute: it loses all blocks and goes back to ``waiting``.
-Waiting requests are admitted only in steps that preempted nothing.
+hands out ``max_num_batched_tokens`` so that computed catches up with target:
+
+1. Running requests first, in admission order (a decode is 1 token, an unfinished prompt its
+   next chunk, at most ``long_prefill_token_threshold`` tokens when that is set). When a
+   running request cannot get blocks, the lowest-priority running request (``fcfs``: the last
+   admitted; ``priority``: the largest ``(priority, arrival_time)``) is preempted by
+   recompute: it loses all its blocks, ``num_computed_tokens = 0``, and it goes back to the
+   front of ``waiting``. If the victim is the request itself, the pass over running stops.
+2. Waiting requests, only in steps that preempted nothing: prefix-cache lookup, then a chunk.
+   The pass stops at the first request that cannot get blocks (head-of-line), except that
+   children of an ``n > 1`` request are *held back* (skipped, keeping their place) while a
+   sibling is still computing the shared prompt: once it is done they are admitted and hit
+   the prefix cache for every full prompt block, so the prompt is computed once, not ``n``
+   times.
+
+Invariants:
+- a request is in exactly one of ``running`` / ``waiting`` until it finishes; ``requests``
+  holds exactly the unfinished ones;
+- only running requests hold blocks; a finished, aborted or preempted request holds none;
+- no request ever needs more KV than the pool has: prompts that cannot fit are rejected in
+  ``add_request``, and generation stops with ``length`` at ``min(max_model_len, pool
+  tokens)``. The request the policy ranks first among the running ones is never a victim
+  unless it is alone, and alone it always fits, so some request always makes progress
+  (no preemption livelock; the property test drains random workloads to check this).
 """
 
 from __future__ import annotations
@@ -13,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from octavo.core.kv_cache_manager import KVCacheManager, cdiv
+from octavo.core.kv_cache_manager import KVCacheManager
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request, RequestStatus
 from octavo.core.request_queue import create_request_queue
@@ -46,26 +65,45 @@ class Scheduler:
         self.policy = policy
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.enable_chunked_prefill = enable_chunked_prefill
+        # Longest sequence (prompt + outputs) a request may reach: the context, or the pool.
+        self.max_seq_len = min(max_model_len, kv_cache_manager.max_num_tokens)
+        if self.max_seq_len < max_model_len:
+            logger.warning(
+                "the KV cache holds %d tokens, fewer than max_model_len %d: sequences stop "
+                "with finish_reason 'length' at %d tokens",
+                kv_cache_manager.max_num_tokens,
+                max_model_len,
+                self.max_seq_len,
+            )
 
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(policy)
         self.running: list[Request] = []
+        # Unfinished children of each n > 1 request, by parent id (only with prefix caching).
+        self.siblings: dict[str, list[Request]] = {}
         # Ids the runner must forget at the next step.
         self._finished_req_ids: set[str] = set()
         self.num_preemptions = 0
+        self._arrival_seq = 0
 
     # -- queue management -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
+        """Queue a request; ``ValueError`` if its id is taken or its prompt can never fit."""
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        need = cdiv(request.num_tokens + 1, self.block_size)
-        if need > self.kv_cache_manager.num_usable_blocks:
+        cap = self.kv_cache_manager.max_num_tokens
+        if request.num_tokens >= cap:
             raise ValueError(
-                f"prompt of {request.num_tokens} tokens needs {need} KV cache blocks but the "
-                f"cache has only {self.kv_cache_manager.num_usable_blocks}; it can never fit"
+                f"the prompt has {request.num_tokens} tokens but the KV cache holds only {cap} "
+                f"({self.kv_cache_manager.num_usable_blocks} blocks of {self.block_size}); it "
+                "can never fit (the prompt must be shorter than that to leave room for output)"
             )
+        self._arrival_seq += 1
+        request.arrival_seq = self._arrival_seq
         self.requests[request.request_id] = request
         self.waiting.add(request)
+        if request.parent_request_id is not None and self.kv_cache_manager.enable_caching:
+            self.siblings.setdefault(request.parent_request_id, []).append(request)
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """Finish (abort, or stop from outside, e.g. a stop string) wherever they are."""
@@ -87,6 +125,11 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         self._finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
+        group = self.siblings.get(req.parent_request_id) if req.parent_request_id else None
+        if group is not None:
+            group.remove(req)
+            if not group:
+                del self.siblings[req.parent_request_id]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
@@ -94,10 +137,14 @@ class Scheduler:
     def get_num_unfinished_requests(self) -> int:
         return len(self.running) + len(self.waiting)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; refused (False) while any request holds blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
     # -- one step -------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
         if self.policy == "priority":
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.arrival_seq))
         return self.running[-1]
 
     def _preempt(self, req: Request) -> None:
@@ -114,11 +161,28 @@ class Scheduler:
             n = min(n, self.long_prefill_token_threshold)
         return min(n, budget)
 
+    def _held_back(self, req: Request) -> bool:
+        """True while a running sibling of ``req`` has not yet computed the shareable prompt.
+
+        The shareable part is the full blocks a prefix-cache lookup can hit (the block with
+        the last prompt token is always recomputed), so siblings admitted after it is
+        computed each compute only the partial tail.
+        """
+        group = self.siblings.get(req.parent_request_id) if req.parent_request_id else None
+        if not group or req.sampling_params.prompt_logprobs is not None:
+            return False
+        shareable = (req.num_prompt_tokens - 1) // self.block_size * self.block_size
+        return any(
+            s is not req and s.status == RequestStatus.RUNNING and s.num_computed_tokens < shareable
+            for s in group
+        )
+
     def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         num_scheduled: dict[str, int] = {}
         new_block_ids: dict[str, list[int]] = {}
         preempted: list[Request] = []
+        kv = self.kv_cache_manager
 
         # 1) running requests, in order.
         i = 0
@@ -130,7 +194,7 @@ class Scheduler:
                 continue
             new_blocks = None
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(req, n)
+                new_blocks = kv.allocate_slots(req, n)
                 if new_blocks is not None:
                     break
                 victim = self._pick_victim()
@@ -154,18 +218,24 @@ class Scheduler:
 
         # 2) waiting requests, only when nothing was preempted.
         admitted: list[Request] = []
+        held: list[Request] = []
         if not preempted:
             while len(self.waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
                 req = self.waiting.peek()
-                hits, num_hit = self.kv_cache_manager.get_computed_blocks(req)
+                if self._held_back(req):
+                    held.append(self.waiting.pop())
+                    continue
+                hits, num_hit = kv.get_computed_blocks(req)
                 n = req.num_tokens - num_hit
-                if not self.enable_chunked_prefill and self._clip(n, n) > budget:
-                    break
-                n = self._clip(n, budget)
-                new_blocks = self.kv_cache_manager.allocate_slots(req, n, hits, num_hit)
+                if self.enable_chunked_prefill:
+                    n = self._clip(n, budget)
+                elif n > budget:
+                    break  # without chunked prefill a prompt is scheduled whole
+                new_blocks = kv.allocate_slots(req, n, hits, num_hit)
                 if new_blocks is None:
                     break
                 self.waiting.pop()
+                kv.record_prefix_cache_query(req, num_hit)
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = num_hit
                 req.num_cached_tokens = num_hit
@@ -173,6 +243,8 @@ class Scheduler:
                 admitted.append(req)
                 num_scheduled[req.request_id] = n
                 budget -= n
+        for req in reversed(held):
+            self.waiting.prepend(req)
 
         admitted_ids = {r.request_id for r in admitted}
         new_reqs = [
@@ -181,8 +253,9 @@ class Scheduler:
                 prompt_token_ids=r.prompt_token_ids,
                 output_token_ids=list(r.output_token_ids),
                 sampling_params=r.sampling_params,
-                block_ids=self.kv_cache_manager.get_block_ids(r.request_id),
+                block_ids=kv.get_block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,
+                eos_token_id=r.eos_token_id,
             )
             for r in admitted
         ]
@@ -221,11 +294,24 @@ class Scheduler:
                 req.stop_reason = last
                 return True
         if (req.max_tokens is not None and req.num_output_tokens >= req.max_tokens) or (
-            req.num_tokens >= self.max_model_len
+            req.num_tokens >= self.max_seq_len
         ):
             req.status = RequestStatus.FINISHED_LENGTH_CAPPED
             return True
         return False
+
+    @staticmethod
+    def _new_prompt_logprobs(req: Request, chunk) -> list | None:
+        """The part of a runner's prompt-logprobs chunk not reported before (recompute-safe)."""
+        if chunk is None:
+            return None
+        start, entries = chunk
+        skip = max(0, req.next_prompt_logprob_pos - start)
+        new = entries[skip:]
+        if not new:
+            return None
+        req.next_prompt_logprob_pos = start + len(entries)
+        return new
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
@@ -239,7 +325,7 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # finished or preempted while the step ran
-            plp = prompt_lps.get(rid)
+            plp = self._new_prompt_logprobs(req, prompt_lps.get(rid))
             if not token_ids:
                 if plp:
                     outputs.append(EngineCoreOutput(rid, [], prompt_logprobs=plp))
@@ -269,6 +355,7 @@ class Scheduler:
         return outputs
 
     def make_stats(self) -> SchedulerStats:
+        """A snapshot for metrics; prefix-cache counters are cumulative, in tokens."""
         kv = self.kv_cache_manager
         return SchedulerStats(
             num_running_reqs=len(self.running),

@@ -21,6 +21,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
+    # The model's EOS id (None if it has none); min_tokens forbids it unless ignore_eos.
+    eos_token_id: int | None = None
 
 
 @dataclass
@@ -53,5 +55,8 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]]
     # Per request: per sampled token, a dict {token_id: (logprob, rank)} or None.
     logprobs: list[list[dict[int, tuple[float, int]]] | None] | None = None
-    # Per request that asked for prompt logprobs: list aligned with prompt positions 1..
-    prompt_logprobs: dict[str, list[dict[int, tuple[float, int]] | None]] | None = None
+    # Per request that asked for prompt logprobs and had prompt positions in this step:
+    # (first prompt position covered, one {token_id: (logprob, rank)} per position from it).
+    # Positions start at 1 (position 0 has no logprob); a recomputed request (after
+    # preemption) may repeat positions already sent, which the scheduler drops.
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] | None = None

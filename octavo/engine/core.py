@@ -21,17 +21,15 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, config: OctavoConfig) -> None:
+        from octavo.executor import create_executor
         from octavo.platforms import current_platform
-        from octavo.worker.model_runner import ModelRunner
 
         t0 = time.perf_counter()
         self.config = config
         platform = current_platform
-        platform.seed_everything(config.model_config.seed)
-        self.runner = ModelRunner(config, platform)
-        self.runner.load_model()
-        num_blocks = self.runner.determine_num_blocks()
-        self.runner.initialize_kv_cache(num_blocks)
+        self.executor = create_executor(config)
+        num_blocks = self.executor.determine_num_blocks()
+        self.executor.initialize_kv_cache(num_blocks)
         cc, sc = config.cache_config, config.scheduler_config
         self.scheduler = Scheduler(
             KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching, cc.prefix_hash),
@@ -48,15 +46,23 @@ class EngineCore:
             "platform %s | attention %s | graphs %s | dtype %s | KV cache %d blocks x %d = %d tokens "
             "| weights %.1f MiB | ready in %.2fs",
             platform.name,
-            self.runner.attn_backend.name,
+            self.executor.attn_backend_name,
             "none" if config.enforce_eager else platform.graph_capture,
             str(mc.dtype).removeprefix("torch."),
             num_blocks,
             cc.block_size,
             (num_blocks - 1) * cc.block_size,
-            self.runner.model_bytes() / 2**20,
+            self.executor.model_bytes / 2**20,
             self.startup_seconds,
         )
+
+    @property
+    def runner(self):
+        """The in-process model runner (single-device executor only)."""
+        return self.executor.runner
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -71,7 +77,7 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return []
         so = self.scheduler.schedule()
-        runner_out = self.runner.execute_model(so)
+        runner_out = self.executor.execute_model(so)
         return self.scheduler.update_from_output(so, runner_out)
 
     def stats(self) -> SchedulerStats:

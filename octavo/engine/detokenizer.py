@@ -3,8 +3,13 @@
 Text grows one token at a time through ``tokenizers``' ``DecodeStream``, which holds back
 bytes of a multi-byte character split across tokens. Stop strings are searched only in the
 region new text can affect; on a match the text is cut there (keeping the stop string when
-``include_stop_str_in_output``). ``get_delta`` holds back a tail that could still turn out to
-be the start of a stop string, so a streamed client never sees text that is later retracted.
+``include_stop_str_in_output``). ``get_delta`` / ``get_text`` hold back the last
+``max(len(stop)) - 1`` characters while unfinished: they could still turn out to be the start of
+a stop string, so a streamed client never sees text that is later retracted. With
+``include_stop_str_in_output`` nothing is held back: a match always ends in new text, so the
+cut never reaches text already shown.
+Invariant: ``text`` never contains a U+FFFD produced by a character split across tokens
+(those bytes wait in the stream until the character is complete).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ class IncrementalDetokenizer:
         self.params = params
         self.stop = list(params.stop or [])
         self.max_stop_len = max((len(s) for s in self.stop), default=0)
+        # Characters that may still be retracted by a stop-string cut.
+        self.hold_back = 0 if params.include_stop_str_in_output else max(0, self.max_stop_len - 1)
         self.text = ""
         self.token_ids: list[int] = []
         self._sent = 0  # characters already returned by get_delta
@@ -67,11 +74,17 @@ class IncrementalDetokenizer:
         if full.startswith(self.text):
             self.text = full
 
+    def get_text(self, finished: bool) -> str:
+        """All text that is safe to show (everything once finished)."""
+        if finished or not self.hold_back:
+            return self.text
+        return self.text[: max(self._sent, len(self.text) - self.hold_back)]
+
     def get_delta(self, finished: bool) -> str:
         """Text not returned before; holds back a possible stop-string prefix unless finished."""
         end = len(self.text)
-        if not finished and self.max_stop_len > 1:
-            end = max(self._sent, end - self.max_stop_len + 1)
+        if not finished and self.hold_back:
+            end = max(self._sent, end - self.hold_back)
         delta = self.text[self._sent : end]
         self._sent = end
         return delta

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from octavo.config import EngineArgs, OctavoConfig
+from octavo.core.outputs import SchedulerStats
 from octavo.core.request import RequestStatus
 from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputKind, OutputProcessor
@@ -27,6 +28,7 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(config.model_config.tokenizer)
         self.processor = Processor(config, self.tokenizer)
         self.core = EngineCore(config)
+        self.processor.kv_cache_tokens = self.core.scheduler.kv_cache_manager.max_num_tokens
         self.output_processor = OutputProcessor(self.tokenizer)
 
     @classmethod
@@ -59,6 +61,10 @@ class LLMEngine:
         self.output_processor.add_request(request_id, text, ids, reqs, output_kind)
 
     def abort_request(self, request_ids: str | list[str]) -> None:
+        """Abort user requests (all their samples) wherever they are; unknown ids are ignored.
+
+        Every block they held is released at once; nothing more is returned for them.
+        """
         if isinstance(request_ids, str):
             request_ids = [request_ids]
         for rid in request_ids:
@@ -69,6 +75,14 @@ class LLMEngine:
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.states)
+
+    def get_stats(self) -> SchedulerStats:
+        """Scheduler counters: running/waiting, KV usage, prefix-cache queries/hits, preemptions."""
+        return self.core.stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; False (nothing done) while any request holds blocks."""
+        return self.core.scheduler.reset_prefix_cache()
 
     def step(self) -> list[RequestOutput]:
         core_outputs = self.core.step()

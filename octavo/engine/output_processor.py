@@ -45,7 +45,10 @@ class RequestState:
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
         self.num_cached_tokens = 0
-        self.prompt_logprobs = None
+        # [None] (position 0) + one dict per prompt position, growing as chunks arrive.
+        wants = child_params[0].prompt_logprobs is not None
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = [None] if wants else None
+        self._sent_prompt_logprobs = 0
 
     @property
     def finished(self) -> bool:
@@ -96,11 +99,11 @@ class OutputProcessor:
             if o.new_token_ids and state.first_token_time is None:
                 state.first_token_time = now
             state.num_cached_tokens = max(state.num_cached_tokens, o.num_cached_tokens)
-            if o.prompt_logprobs is not None:
-                state.prompt_logprobs = [
-                    None if d is None else {t: Logprob(lp, r) for t, (lp, r) in d.items()}
+            if o.prompt_logprobs and state.prompt_logprobs is not None:
+                state.prompt_logprobs.extend(
+                    {t: Logprob(lp, r, self._decode_one(t)) for t, (lp, r) in d.items()}
                     for d in o.prompt_logprobs
-                ]
+                )
             stop_str = sample.detok.update(o.new_token_ids)
             if o.new_logprobs and sample.logprobs is not None:
                 for tok, d in zip(o.new_token_ids, o.new_logprobs, strict=False):
@@ -135,6 +138,12 @@ class OutputProcessor:
         if state.kind == OutputKind.FINAL_ONLY and not finished:
             return None
         delta = state.kind == OutputKind.DELTA
+        prompt_logprobs = state.prompt_logprobs
+        if delta and prompt_logprobs is not None:
+            # Stream each prompt position once; None when nothing new arrived.
+            new = prompt_logprobs[state._sent_prompt_logprobs :]
+            state._sent_prompt_logprobs = len(prompt_logprobs)
+            prompt_logprobs = new or None
         completions = []
         for s in state.samples.values():
             done = s.finish_reason is not None
@@ -145,7 +154,7 @@ class OutputProcessor:
                 s._sent_tokens = len(s.detok.token_ids)
                 s._sent_logprobs = len(s.logprobs) if s.logprobs is not None else 0
             else:
-                text, token_ids, lps = s.detok.text, list(s.detok.token_ids), s.logprobs
+                text, token_ids, lps = s.detok.get_text(done), list(s.detok.token_ids), s.logprobs
             cum = s.cumulative_logprob
             completions.append(
                 CompletionOutput(
@@ -167,7 +176,7 @@ class OutputProcessor:
             prompt_token_ids=state.prompt_token_ids,
             outputs=completions,
             finished=finished,
-            prompt_logprobs=state.prompt_logprobs,
+            prompt_logprobs=prompt_logprobs,
             num_cached_tokens=state.num_cached_tokens,
             metrics=metrics,
         )

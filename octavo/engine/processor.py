@@ -27,6 +27,8 @@ class Processor:
         if isinstance(cfg_eos, list):
             cfg_eos = cfg_eos[0] if cfg_eos else None
         self.eos_token_id = gen_eos if gen_eos is not None else cfg_eos
+        # Tokens the KV cache can hold; set by the engine once the pool is sized.
+        self.kv_cache_tokens: int | None = None
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -69,6 +71,33 @@ class Processor:
             self._check_token_ids("stop_token_ids", params.stop_token_ids)
         if params.logprobs is not None and params.logprobs > self.vocab_size:
             raise ValueError(f"logprobs must be <= vocab size ({self.vocab_size}); got {params.logprobs}")
+        if params.prompt_logprobs is not None and params.prompt_logprobs > self.vocab_size:
+            raise ValueError(
+                f"prompt_logprobs must be <= vocab size ({self.vocab_size}); got {params.prompt_logprobs}"
+            )
+        if self.kv_cache_tokens is not None and n >= self.kv_cache_tokens:
+            raise ValueError(
+                f"the prompt has {n} tokens but the KV cache holds only {self.kv_cache_tokens}; "
+                "it can never fit (raise num_gpu_blocks_override / the KV cache space, or "
+                "shorten the prompt)"
+            )
+
+    def bad_words_token_ids(self, bad_words: list[str]) -> list[list[int]]:
+        """Token sequences to forbid for each bad word, as vLLM derives them.
+
+        Each word is encoded as written (without leading spaces) and, when the tokenizer
+        gives a different first token for it, also with one leading space: a word in the
+        middle of a sentence usually starts with a space token.
+        """
+        out: list[list[int]] = []
+        for word in bad_words:
+            plain = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if plain:
+                out.append(plain)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+                out.append(spaced)
+        return out
 
     def make_requests(
         self,
@@ -79,15 +108,18 @@ class Processor:
         priority: int = 0,
         cache_salt: str | None = None,
     ) -> tuple[str | None, list[int], list[Request]]:
-        """One Request per sample: ``n > 1`` makes children ``{i}_{request_id}`` (seed + i)."""
+        """One Request per sample: ``n > 1`` makes children ``{i}_{request_id}``.
+
+        Child ``i`` gets ``seed + i`` when a seed is set, and only child 0 computes
+        ``prompt_logprobs`` (the prompt is the same), which lets the others share the
+        prompt's KV through the prefix cache.
+        """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be SamplingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
         self.validate(ids, params)
         if params.bad_words and not params._bad_words_token_ids:
-            params._bad_words_token_ids = [
-                self.tokenizer.encode(w, add_special_tokens=False) for w in params.bad_words
-            ]
+            params._bad_words_token_ids = self.bad_words_token_ids(params.bad_words)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         if params.n == 1:
             child_ids = [request_id]
@@ -100,9 +132,12 @@ class Processor:
                 p.n = 1
                 if p.seed is not None:
                     p.seed = p.seed + i
+                if i > 0:
+                    p.prompt_logprobs = None
                 child_params.append(p)
+        parent = request_id if params.n > 1 else None
         reqs = [
-            Request(cid, ids, p, self.eos_token_id, arrival, priority, cache_salt)
+            Request(cid, ids, p, self.eos_token_id, arrival, priority, cache_salt, parent)
             for cid, p in zip(child_ids, child_params, strict=True)
         ]
         return text, ids, reqs

@@ -1,4 +1,4 @@
-"""The ``octavo`` command: ``generate``, ``info`` (and, with their issues, ``serve``, ``bench``)."""
+"""The ``octavo`` command: ``generate``, ``info``, ``bench``, ``serve``."""
 
 from __future__ import annotations
 
@@ -39,6 +39,43 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(f"octavo.benchmarks.{args.bench_command}")
+    return module.main(args)
+
+
+def _add_bench_parser(sub) -> None:
+    from octavo.benchmarks import latency, serve, throughput
+
+    bench = sub.add_parser("bench", help="benchmark throughput, latency or a running server")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    for name, module, text in (
+        ("throughput", throughput, "offline throughput (requests/s, tokens/s)"),
+        ("latency", latency, "time to first token, time per output token, end-to-end latency"),
+        ("serve", serve, "load-test an OpenAI-compatible server (Poisson arrivals, streaming)"),
+    ):
+        p = bsub.add_parser(name, help=text, description=module.__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_cli_args(p)
+        p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from octavo.entrypoints.openai.api_server import cmd_serve
+
+    return cmd_serve(args)
+
+
+def _add_serve_parser(sub) -> None:
+    from octavo.entrypoints.openai.cli_args import add_serve_args
+
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    add_serve_args(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from octavo import __version__
     from octavo.config import EngineArgs
@@ -62,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print version, platform and every choice it made")
     info.add_argument("--model", default=None)
     info.set_defaults(func=_cmd_info)
+
+    _add_bench_parser(sub)
+    _add_serve_parser(sub)
     return parser
 
 

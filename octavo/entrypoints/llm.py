@@ -22,6 +22,10 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(self.engine_args)
         self._counter = itertools.count()
 
+    def shutdown(self) -> None:
+        """Stop worker processes (tensor parallelism); the LLM cannot be used afterwards."""
+        self.llm_engine.core.shutdown()
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
@@ -69,6 +73,58 @@ class LLM:
         except BaseException:
             engine.abort_request(ids)
             raise
+
+    def chat(
+        self,
+        messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, rendered with the tokenizer's chat template.
+
+        ``messages``: one conversation (a list of ``{"role": ..., "content": ...}``) or a
+        list of conversations. Each is rendered to text by ``apply_chat_template`` (with
+        ``add_generation_prompt``, so the reply starts as the assistant's turn), tokenized
+        without adding special tokens again, and generated exactly as ``generate`` would;
+        the outputs are the same ``RequestOutput``s, ``prompt`` holding the rendered text.
+        """
+        if add_generation_prompt and continue_final_message:
+            raise ValueError("add_generation_prompt and continue_final_message cannot both be True")
+        if not messages:
+            raise ValueError("messages must hold at least one message")
+        first = messages[0]
+        conversations = [messages] if isinstance(first, dict) else list(messages)
+        tok = self.get_tokenizer()
+        prompts: list[PromptType] = []
+        for conv in conversations:
+            if not conv or not all(isinstance(m, dict) and "role" in m for m in conv):
+                raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+            try:
+                text = tok.apply_chat_template(
+                    list(conv),
+                    tokenize=False,
+                    add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message,
+                    chat_template=chat_template,
+                    **(chat_template_kwargs or {}),
+                )
+            except ValueError as e:
+                raise ValueError(f"chat_template: cannot render the conversation: {e}") from e
+            ids = tok.encode(text, add_special_tokens=False)
+            prompts.append({"prompt": text, "prompt_token_ids": ids})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def get_stats(self):
+        """Scheduler counters (running/waiting, KV usage, prefix-cache hits, preemptions)."""
+        return self.llm_engine.get_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache; False while requests hold blocks (never between calls)."""
+        return self.llm_engine.reset_prefix_cache()
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine = self.llm_engine

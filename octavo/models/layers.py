@@ -10,6 +10,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+_FUSED = None
+
+
+def fused_ops():
+    """``octavo.models.fused_ops`` (Triton) for GPU tensors, or None where triton is missing."""
+    global _FUSED
+    if _FUSED is None:
+        try:
+            from octavo.models import fused_ops as mod
+        except ImportError:
+            mod = False
+        _FUSED = mod
+    return _FUSED or None
+
+
+def _use_fused(x: torch.Tensor):
+    if not x.is_cuda:
+        return None
+    ops = fused_ops()
+    return ops if ops is not None and ops.usable(x) else None
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float) -> None:
@@ -19,6 +40,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
+        ops = _use_fused(x)
+        if ops is not None:
+            return ops.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
             x = x + residual
             residual = x
@@ -31,6 +55,9 @@ class RMSNorm(nn.Module):
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    ops = _use_fused(gate_up)
+    if ops is not None:
+        return ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
@@ -71,20 +98,36 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+_ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
 class RotaryEmbedding(nn.Module):
     """Neox-style RoPE with a precomputed cos/sin table indexed by absolute position."""
 
     def __init__(self, hf_config, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
         super().__init__()
-        inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
-        pos = torch.arange(max_position, dtype=torch.int64).float()
-        freqs = pos[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", (emb.cos() * scaling).to(dtype), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scaling).to(dtype), persistent=False)
+        # Built on the CPU (the same table on every device), then moved to the device the
+        # model is being built on; layers of one model share one table.
+        device = torch.empty(0).device
+        key = (repr(_rope_parameters(hf_config)), head_dim, max_position, dtype, device)
+        tables = _ROPE_TABLES.get(key)
+        if tables is None:
+            inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
+            pos = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
+            freqs = pos[:, None] * inv_freq.cpu()[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            tables = ((emb.cos() * scaling).to(dtype).to(device), (emb.sin() * scaling).to(dtype).to(device))
+            if len(_ROPE_TABLES) > 8:
+                _ROPE_TABLES.clear()
+            _ROPE_TABLES[key] = tables
+        self.register_buffer("cos", tables[0], persistent=False)
+        self.register_buffer("sin", tables[1], persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """``q``: [T, H, D], ``k``: [T, Hk, D]; returns rotated copies."""
+        ops = _use_fused(q)
+        if ops is not None:
+            return ops.rope(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

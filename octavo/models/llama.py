@@ -2,7 +2,9 @@
 
 The model works on a flattened batch: ``input_ids`` and ``positions`` are [T] over every
 scheduled token of every request; attention reads and writes the paged KV cache through the
-per-step metadata. q/k/v and gate/up are fused into one GEMM each at load time.
+per-step metadata. q/k/v and gate/up are fused into one GEMM each at load time. Every linear
+layer is tensor-parallel (``octavo.distributed.layers``); with one rank they compute exactly
+what plain ``nn.Linear`` / ``nn.Embedding`` do.
 """
 
 from __future__ import annotations
@@ -13,29 +15,14 @@ import torch
 from torch import nn
 
 from octavo.attention.backend import AttentionBackend
+from octavo.distributed.layers import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from octavo.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
-
-
-class FusedLinear(nn.Linear):
-    """A linear layer whose output is the concatenation of named shards (q|k|v, gate|up).
-
-    ``shard_sizes`` maps a checkpoint shard id to its output rows, in layout order.
-    """
-
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias=bias)
-        self.shard_offsets: dict[str, tuple[int, int]] = {}
-        off = 0
-        for name, size in shard_sizes.items():
-            self.shard_offsets[name] = (off, size)
-            off += size
-
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
-        off, size = self.shard_offsets[shard_id]
-        target = param.data.narrow(0, off, size)
-        if target.shape != loaded.shape:
-            raise ValueError(f"shard {shard_id}: expected shape {tuple(target.shape)}, got {tuple(loaded.shape)}")
-        target.copy_(loaded)
 
 
 class Attention(nn.Module):
@@ -53,16 +40,19 @@ class Attention(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int):
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        total_heads = cfg.num_attention_heads
+        total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // total_heads
+        bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.head_dim, total_heads, total_kv_heads, bias)
+        # Heads held by this tensor-parallel rank.
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
-        self.qkv_proj = FusedLinear(
-            cfg.hidden_size, {"q": self.q_size, "k": self.kv_size, "v": self.kv_size}, bias
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False))
         )
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False)))
         self.qk_norm = cfg.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -93,8 +83,8 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
         bias = bool(getattr(cfg, "mlp_bias", False))
         inter = cfg.intermediate_size
-        self.gate_up_proj = FusedLinear(cfg.hidden_size, {"gate": inter, "up": inter}, bias)
-        self.down_proj = nn.Linear(inter, cfg.hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, {"gate": inter, "up": inter}, bias)
+        self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias)
 
     def forward(self, x):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -122,7 +112,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg, backend, dtype, max_position):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, backend, dtype, max_position) for _ in range(cfg.num_hidden_layers)
         )
@@ -155,7 +145,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg, backend, dtype, max_position)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
@@ -163,9 +153,12 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, attn_metadata: Any) -> torch.Tensor:
         return self.model(input_ids, positions, attn_metadata)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Full-vocabulary logits on tensor-parallel rank 0, ``None`` on the other ranks."""
+        if self.tie_word_embeddings:
+            emb = self.model.embed_tokens
+            return ParallelLMHead.compute_logits(emb, hidden)  # same vocab partition
+        return self.lm_head.compute_logits(hidden)
 
     def expected_checkpoint_targets(self) -> set[tuple[str, str | None]]:
         """Every (parameter, shard) a checkpoint must provide."""
@@ -173,8 +166,9 @@ class LlamaForCausalLM(nn.Module):
         for name, module in self.named_modules():
             for pname, _ in module.named_parameters(recurse=False):
                 full = f"{name}.{pname}" if name else pname
-                if isinstance(module, FusedLinear):
-                    for shard in module.shard_offsets:
+                shards = getattr(module, "shard_offsets", None)
+                if shards and None not in shards:
+                    for shard in shards:
                         targets.add((full, shard))
                 else:
                     targets.add((full, None))

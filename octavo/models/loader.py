@@ -1,5 +1,8 @@
 """Load HF-format checkpoints (config.json + *.safetensors, sharded or not) from a folder.
 
+Tensors are read one at a time with ``safe_open`` and handed to the parameter's
+``weight_loader``, which keeps only this tensor-parallel rank's slice.
+
 Weights stream tensor by tensor from ``safe_open`` straight into the model's (fused)
 parameters; every parameter and every fused shard must be provided exactly once, or the load
 fails naming what is missing. ``load_format="dummy"`` fills parameters with small random
@@ -40,14 +43,7 @@ def find_safetensors(model_dir: str | os.PathLike) -> list[Path]:
 def load_weights(model: nn.Module, model_dir: str | os.PathLike) -> None:
     from safetensors import safe_open
 
-    from octavo.models.llama import FusedLinear
-
     params = dict(model.named_parameters())
-    owners = {
-        f"{mname}.{pname}" if mname else pname: module
-        for mname, module in model.named_modules()
-        for pname, _ in module.named_parameters(recurse=False)
-    }
     expected = model.expected_checkpoint_targets()
     loaded: set[tuple[str, str | None]] = set()
     for path in find_safetensors(model_dir):
@@ -61,24 +57,24 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike) -> None:
                     logger.debug("skipping checkpoint tensor %s (no matching parameter)", name)
                     continue
                 param = params[pname]
-                tensor = f.get_tensor(name)
-                if shard is not None:
-                    owner = owners[pname]
-                    assert isinstance(owner, FusedLinear)
-                    owner.load_shard(param, tensor.to(param.dtype), shard)
-                else:
-                    if param.shape != tensor.shape:
-                        raise ValueError(
-                            f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                            f"expected {tuple(param.shape)}"
-                        )
-                    param.data.copy_(tensor)
+                # Tensor-parallel parameters slice their rank's part out of the full tensor.
+                loader = getattr(param, "weight_loader", _copy_whole)
+                try:
+                    loader(param, f.get_tensor(name), shard)
+                except ValueError as e:
+                    raise ValueError(f"tensor {name!r}: {e}") from None
                 loaded.add((pname, shard))
     missing = expected - loaded
     if missing:
         names = sorted(f"{p}[{s}]" if s else p for p, s in missing)
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         raise ValueError(f"checkpoint {str(model_dir)!r} is missing tensors: {shown}")
+
+
+def _copy_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}")
+    param.data.copy_(loaded)
 
 
 @torch.no_grad()

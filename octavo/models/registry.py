@@ -23,11 +23,20 @@ def register_model(architecture: str, class_path: str) -> None:
 
 
 def supported_architectures() -> list[str]:
+    _load_plugins()
     return sorted(_MODELS)
+
+
+def _load_plugins() -> None:
+    """Architectures registered by ``octavo.general_plugins`` entry points (once per process)."""
+    from octavo.platforms import load_general_plugins
+
+    load_general_plugins()
 
 
 def resolve_architecture(architectures: list[str] | None) -> tuple[str, type]:
     """Return (architecture, model class) for the first supported name, or raise ValueError."""
+    _load_plugins()
     for arch in architectures or []:
         if arch in _MODELS:
             module, cls = _MODELS[arch].rsplit(".", 1)

@@ -1,9 +1,10 @@
-"""The CPU platform: host memory for the KV cache, gloo, no graphs."""
+"""The CPU platform: host memory for the KV cache, octavo's C++ paged kernels, gloo, no graphs."""
 
 from __future__ import annotations
 
 import os
 import platform as _platform
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -13,20 +14,56 @@ from octavo.platforms.interface import Platform
 
 GiB = 1 << 30
 
+CPU_ISAS = ("avx512", "avx2", "neon", "scalar")
+
+
+def _cpu_flags() -> set[str]:
+    """Feature flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def detect_cpu_isa() -> tuple[str, str]:
+    """(best ISA the CPU supports, why), read from /proc/cpuinfo.
+
+    AVX-512 needs F+BW+VL (its bf16 dot product also ``avx512_bf16``); AVX2 needs FMA too;
+    every AArch64 CPU has NEON. Which variant of the kernels actually runs (and the
+    ``OCTAVO_CPU_ISA`` override) is ``octavo.cpu_isa``'s decision; this is the fallback answer
+    when the kernels are not built.
+    """
+    machine = _platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return "neon", f"{machine} CPU"
+    flags = _cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        bf16 = "avx512_bf16" in flags
+        return "avx512", "avx512f/bw/vl" + (" + avx512_bf16" if bf16 else ", no avx512_bf16")
+    if {"avx2", "fma"} <= flags:
+        return "avx2", "avx2 + fma"
+    return "scalar", f"no AVX2+FMA or NEON on this {machine or 'unknown'} CPU"
+
 
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     _supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float32, torch.float16)
-    attn_backend_priority = ("torch_ref",)
+    attn_backend_priority = ("cpu_paged", "torch_ref")
     graph_capture = "none"
+    graph_capture_reason = "CPU runs eagerly"
     communicator = "gloo"
+    communicator_reason = "CPU: gloo over shared memory and TCP"
     dist_backend = "gloo"
     default_block_size = 16
 
     @classmethod
-    def is_available(cls) -> bool:
-        return True
+    def unavailable_reason(cls) -> str | None:
+        return None  # every machine has a CPU
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
@@ -44,24 +81,46 @@ class CpuPlatform(Platform):
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     @classmethod
-    def mem_get_info(cls, device_id: int = 0) -> tuple[int, int]:
+    def mem_get_info(cls, device_id: int | None = None) -> tuple[int, int]:
         total = cls.get_device_total_memory()
         free = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-        return free, total
+        return min(free, total), total
+
+    @classmethod
+    def get_cpu_isa(cls) -> tuple[str, str]:
+        """(ISA, why): avx512, avx2, neon or scalar — the variant of the C++ kernels this
+        process runs, or, when they cannot run, the best the CPU supports and why not."""
+        try:
+            from octavo import cpu_isa
+
+            variant, why = cpu_isa.select_variant()
+            return cpu_isa.isa_of(variant), f"{variant}: {why}"
+        except (ImportError, ValueError) as e:
+            isa, why = detect_cpu_isa()
+            return isa, f"{why}; C++ kernels not in use: {e}"
 
     @classmethod
     def kv_cache_memory_bytes(cls, config, model_bytes: int, peak_bytes: int) -> int:
+        """The KV cache gets ``OCTAVO_CPU_KVCACHE_SPACE`` GiB of host memory, not a fraction."""
         space = config.cache_config.cpu_kvcache_space_bytes
         return space if space is not None else int(envs.OCTAVO_CPU_KVCACHE_SPACE * GiB)
 
     @classmethod
     def check_and_update_config(cls, config):
         config = super().check_and_update_config(config)
-        from dataclasses import replace
-
         if config.cache_config.cpu_kvcache_space_bytes is None:
             space = int(envs.OCTAVO_CPU_KVCACHE_SPACE * GiB)
             if space <= 0:
                 raise ValueError(f"OCTAVO_CPU_KVCACHE_SPACE must be > 0 GiB, got {envs.OCTAVO_CPU_KVCACHE_SPACE}")
             config = config.replace(cache_config=replace(config.cache_config, cpu_kvcache_space_bytes=space))
         return config
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        isa, why = cls.get_cpu_isa()
+        return {
+            "device": cls.get_device_name(),
+            "cpu isa": f"{isa} ({why})",
+            "threads": str(torch.get_num_threads()),
+            "kv cache space": f"{envs.OCTAVO_CPU_KVCACHE_SPACE:g} GiB (OCTAVO_CPU_KVCACHE_SPACE)",
+        }

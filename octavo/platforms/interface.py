@@ -1,16 +1,38 @@
 """The Platform interface: what the hardware-agnostic engine asks of a kind of hardware.
 
-Every member is a classmethod or class attribute: platforms are stateless answers. Heavy
-vendor modules are named by qualified class path and imported only once the platform is chosen.
-Plugins build against ``api_version``; a plugin whose major version differs is refused.
+A platform is a class whose members are all classmethods or class attributes: platforms are
+stateless answers, never instantiated. The surface, in four parts:
+
+- detection: ``unavailable_reason()`` (``None`` when the hardware is usable) and
+  ``is_available()``. Both are cheap and never initialise a device context, so the API process
+  can probe before it forks workers.
+- device operations, an explicit list (no ``__getattr__`` fall-through to ``torch.<device>``):
+  ``device``, ``device_count``, ``get_device_name``, ``get_device_capability``,
+  ``get_device_total_memory``, ``mem_get_info``, ``set_device``, ``synchronize``,
+  ``empty_cache``, ``manual_seed``, ``seed_everything``, ``is_pin_memory_available``,
+  ``inference_mode``, ``stream_context``, ``new_event``; and, where graphs are replayed,
+  ``new_graph``, ``graph_pool_handle``, ``graph_capture_context``.
+- capabilities: ``supported_dtypes()`` (the first is what ``dtype="auto"`` falls back to),
+  ``supported_kv_cache_dtypes``, ``supported_block_sizes`` / ``default_block_size``,
+  ``supported_quantization``.
+- choices, each with the reason ``octavo info`` prints: ``get_attn_backend`` (a priority walk),
+  ``get_graph_capture``, ``get_communicator``; and ``check_and_update_config``, the single hook
+  for platform policy.
+
+Heavy vendor modules (Triton, IPEX, torch_xla, the C++ extension) are named by qualified class
+path and imported only once the platform is chosen. Plugins build against ``api_version``; a
+platform whose major version differs from ``PLATFORM_API_VERSION`` is refused at resolution.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import logging
 import random
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -21,30 +43,128 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PLATFORM_API_VERSION = "1.0"
+"""Major.minor of the platform interface. The major changes only when a member is removed or
+changes meaning; plugins built against another major are refused."""
+
+GRAPH_CAPTURE_MODES = ("none", "torch_compile", "cuda_graph", "hip_graph", "xla_compile")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One decision a platform made, and why (printed by ``octavo info`` and the startup log)."""
+
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.value} ({self.reason})"
+
+
+class PlatformAPIVersionError(ValueError):
+    """A platform declares an interface major version this octavo does not implement."""
+
+
+def package_available(name: str) -> bool:
+    """Whether ``import name`` would find a module, without importing it.
+
+    Every optional-package probe in platforms and backends goes through this one function (read
+    as ``interface.package_available`` at call time) so tests can simulate installed stacks.
+    """
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken __spec__
+        return False
+
+
+def api_major(version: str) -> int:
+    return int(str(version).split(".", 1)[0])
+
+
+def check_api_version(platform_cls: type, source: str) -> None:
+    """Refuse a platform built against another major version of the interface.
+
+    ``source`` names where the class came from (a plugin entry point, ``OCTAVO_PLATFORM``) so
+    the message tells the user what to upgrade.
+    """
+    declared = getattr(platform_cls, "api_version", None)
+    try:
+        ok = declared is not None and api_major(declared) == api_major(PLATFORM_API_VERSION)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise PlatformAPIVersionError(
+            f"platform {getattr(platform_cls, 'name', platform_cls.__qualname__)!r} from {source} "
+            f"declares platform API version {declared!r}, but this octavo implements "
+            f"{PLATFORM_API_VERSION} (major versions must match); install a version of the plugin "
+            "built for this octavo, or an octavo matching the plugin"
+        )
+    if api_major(declared) == api_major(PLATFORM_API_VERSION) and declared != PLATFORM_API_VERSION:
+        try:
+            newer = int(str(declared).split(".")[1]) > int(PLATFORM_API_VERSION.split(".")[1])
+        except (IndexError, ValueError):
+            newer = False
+        if newer:
+            logger.warning(
+                "platform from %s was built against platform API %s, newer than this octavo's %s; "
+                "members it relies on may be missing",
+                source,
+                declared,
+                PLATFORM_API_VERSION,
+            )
 
 
 class Platform:
+    """Base class of every platform. Subclasses override class attributes and classmethods.
+
+    Invariants every platform keeps (the conformance kit checks them):
+    - ``is_available()`` is ``unavailable_reason() is None`` and touches no device context;
+    - ``mem_get_info()`` returns ``(free, total)`` with ``0 <= free <= total`` and ``total > 0``;
+    - ``supported_dtypes()`` is non-empty and ``resolve_auto_dtype`` returns one of them;
+    - ``default_block_size in supported_block_sizes``;
+    - ``get_attn_backend`` returns a backend whose ``validate`` gives no reasons, or raises
+      ``ValueError`` listing every candidate's reasons.
+    """
+
     name: ClassVar[str] = "abstract"
     device_type: ClassVar[str] = "cpu"  # torch device type string
     api_version: ClassVar[str] = PLATFORM_API_VERSION
     # The first entry is what dtype="auto" picks when the checkpoint's dtype is unsupported.
     _supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32,)
+    # GPUs and TPUs run float32 checkpoints in their preferred 16-bit type under dtype="auto"
+    # (as vLLM does); an explicit --dtype float32 still gets float32.
+    auto_casts_float32: ClassVar[bool] = False
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
     default_block_size: ClassVar[int] = 16
     supported_block_sizes: ClassVar[tuple[int, ...]] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    supported_quantization: ClassVar[tuple[str, ...]] = ()
     # Attention backends by priority: registered names or qualified class paths.
     attn_backend_priority: ClassVar[tuple[str, ...]] = ("torch_ref",)
     graph_capture: ClassVar[str] = "none"
+    graph_capture_reason: ClassVar[str] = "no graph capture on this platform"
     communicator: ClassVar[str] = "gloo"
-    dist_backend: ClassVar[str] = "gloo"
+    communicator_reason: ClassVar[str] = "gloo over host memory"
+    dist_backend: ClassVar[str] = "gloo"  # the torch.distributed backend name
 
     # -- detection ----------------------------------------------------------------------
     @classmethod
+    def unavailable_reason(cls) -> str | None:
+        """Why this platform cannot run here, or ``None`` when it can.
+
+        Cheap; never initialises a device context (it may import the vendor's torch module).
+        """
+        raise NotImplementedError(f"{cls.__name__} must implement unavailable_reason()")
+
+    @classmethod
     def is_available(cls) -> bool:
         """Cheap probe; never initialises a device context."""
-        raise NotImplementedError
+        return cls.unavailable_reason() is None
 
     # -- device operations --------------------------------------------------------------
+    @classmethod
+    def device(cls, index: int = 0) -> torch.device:
+        """The torch device tensors of this platform live on."""
+        return torch.device(cls.device_type, index) if cls.device_type != "cpu" else torch.device("cpu")
+
     @classmethod
     def device_count(cls) -> int:
         return 1
@@ -54,12 +174,20 @@ class Platform:
         return cls.name
 
     @classmethod
-    def get_device_total_memory(cls, device_id: int = 0) -> int:
-        raise NotImplementedError
+    def get_device_capability(cls, device_id: int = 0) -> tuple[int, int] | None:
+        """(major, minor) compute capability on GPUs; ``None`` where the notion does not apply."""
+        return None
 
     @classmethod
-    def mem_get_info(cls, device_id: int = 0) -> tuple[int, int]:
-        """(free, total) bytes available to the KV cache and weights on the device."""
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return cls.mem_get_info(device_id)[1]
+
+    @classmethod
+    def mem_get_info(cls, device_id: int | None = None) -> tuple[int, int]:
+        """(free, total) bytes of the memory that holds weights and the KV cache.
+
+        ``device_id=None`` asks about the current device of this process.
+        """
         raise NotImplementedError
 
     @classmethod
@@ -76,10 +204,12 @@ class Platform:
 
     @classmethod
     def manual_seed(cls, seed: int) -> None:
+        """Seed torch's generators on the host and on this platform's devices."""
         torch.manual_seed(seed)
 
     @classmethod
     def seed_everything(cls, seed: int) -> None:
+        """Seed Python's, numpy's and torch's generators (host and device)."""
         random.seed(seed)
         try:
             import numpy as np
@@ -94,12 +224,33 @@ class Platform:
         return False
 
     @classmethod
-    def inference_mode(cls):
+    def inference_mode(cls) -> contextlib.AbstractContextManager:
         return torch.inference_mode()
 
     @classmethod
-    def device(cls, index: int = 0) -> torch.device:
-        return torch.device(cls.device_type, index) if cls.device_type != "cpu" else torch.device("cpu")
+    def stream_context(cls) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    @classmethod
+    def new_event(cls) -> Any | None:
+        """A device event (``record()``, ``synchronize()``), or None where work is synchronous."""
+        return None
+
+    # -- graph capture primitives (platforms whose ``graph_capture`` replays device graphs) --
+    @classmethod
+    def new_graph(cls) -> Any:
+        """An empty device graph to capture into (``replay()`` runs it)."""
+        raise NotImplementedError(f"{cls.name} captures no device graphs ({cls.graph_capture})")
+
+    @classmethod
+    def graph_pool_handle(cls) -> Any:
+        """A memory pool handle graphs captured one after another can share."""
+        raise NotImplementedError(f"{cls.name} captures no device graphs ({cls.graph_capture})")
+
+    @classmethod
+    def graph_capture_context(cls, graph: Any, pool: Any = None) -> contextlib.AbstractContextManager:
+        """Inside this context, device work is recorded into ``graph`` instead of run."""
+        raise NotImplementedError(f"{cls.name} captures no device graphs ({cls.graph_capture})")
 
     # -- capabilities -------------------------------------------------------------------
     @classmethod
@@ -108,8 +259,11 @@ class Platform:
 
     @classmethod
     def resolve_auto_dtype(cls, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+        """``dtype="auto"``: the checkpoint's dtype when supported, else the platform's first."""
         supported = cls.supported_dtypes()
-        if checkpoint_dtype in supported:
+        if checkpoint_dtype in supported and not (
+            checkpoint_dtype == torch.float32 and cls.auto_casts_float32
+        ):
             return checkpoint_dtype
         return supported[0]
 
@@ -129,24 +283,28 @@ class Platform:
     ) -> tuple[type[AttentionBackend], dict[str, list[str]]]:
         """Return (backend class, {skipped backend: reasons}).
 
-        Walks the priority list and takes the first candidate that reports no reason it cannot
-        run. ``forced`` (or ``OCTAVO_ATTENTION_BACKEND``) picks one; if it cannot run, raise
-        ValueError listing its reasons.
+        Walks ``attn_backend_candidates()`` and takes the first candidate that reports no
+        reason it cannot run (a candidate whose required package is missing is not even
+        imported). ``forced`` (or ``OCTAVO_ATTENTION_BACKEND``) picks one; if it cannot run,
+        raise ``ValueError`` listing its reasons. If no candidate can run, raise ``ValueError``
+        listing every candidate's reasons.
         """
         from octavo import envs
 
         forced = forced or envs.OCTAVO_ATTENTION_BACKEND
         if forced:
             backend = _load_backend(forced)
-            if isinstance(backend, str):
-                raise ValueError(f"attention backend {forced!r} cannot be loaded: {backend}")
-            reasons = backend.validate(head_size, dtype, kv_cache_dtype, block_size)
+            reasons = [backend] if isinstance(backend, str) else cls._backend_reasons(
+                backend, head_size, dtype, kv_cache_dtype, block_size
+            )
             if reasons:
                 raise ValueError(
-                    f"attention backend {forced!r} cannot run on {cls.name} with head size "
-                    f"{head_size}, dtype {dtype}, kv cache {kv_cache_dtype}, block size "
-                    f"{block_size}: " + "; ".join(reasons)
+                    f"attention backend {forced!r} (forced by OCTAVO_ATTENTION_BACKEND or the "
+                    f"caller) cannot run on {cls.name} with head size {head_size}, dtype "
+                    f"{_dtype_name(dtype)}, kv cache {kv_cache_dtype}, block size {block_size}: "
+                    + "; ".join(reasons)
                 )
+            assert not isinstance(backend, str)
             return backend, {}
         skipped: dict[str, list[str]] = {}
         for name in cls.attn_backend_candidates():
@@ -154,18 +312,58 @@ class Platform:
             if isinstance(backend, str):
                 skipped[name] = [backend]
                 continue
-            reasons = backend.validate(head_size, dtype, kv_cache_dtype, block_size)
+            reasons = cls._backend_reasons(backend, head_size, dtype, kv_cache_dtype, block_size)
             if not reasons:
                 for n, r in skipped.items():
                     logger.info("attention backend %s skipped: %s", n, "; ".join(r))
                 return backend, skipped
             skipped[name] = reasons
         detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in skipped.items())
-        raise ValueError(f"no attention backend of {cls.name} can run this model ({detail})")
+        raise ValueError(
+            f"no attention backend of {cls.name} can run head size {head_size}, dtype "
+            f"{_dtype_name(dtype)}, kv cache {kv_cache_dtype}, block size {block_size} ({detail})"
+        )
+
+    @classmethod
+    def _backend_reasons(
+        cls,
+        backend: type[AttentionBackend],
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: str,
+        block_size: int,
+    ) -> list[str]:
+        reasons = []
+        device_types = getattr(backend, "supported_device_types", None)
+        if device_types is not None and cls.device_type not in device_types:
+            reasons.append(f"runs on {'/'.join(device_types)} devices, not {cls.device_type}")
+        reasons.extend(backend.validate(head_size, dtype, kv_cache_dtype, block_size))
+        return reasons
+
+    @classmethod
+    def get_graph_capture(cls, config: OctavoConfig | None = None) -> Choice:
+        """How decode steps are captured for replay (one of ``GRAPH_CAPTURE_MODES``)."""
+        if config is not None and config.enforce_eager and cls.graph_capture != "none":
+            return Choice("none", "--enforce-eager")
+        return Choice(cls.graph_capture, cls.graph_capture_reason)
+
+    @classmethod
+    def get_communicator(cls) -> Choice:
+        """The collective library tensor parallelism uses on this platform."""
+        return Choice(cls.communicator, cls.communicator_reason)
+
+    @classmethod
+    def get_dist_backend(cls) -> str:
+        """The ``torch.distributed`` backend name for ``init_process_group``."""
+        return cls.dist_backend
 
     @classmethod
     def check_and_update_config(cls, config: OctavoConfig) -> OctavoConfig:
-        """The single hook for platform policy; returns a (possibly replaced) config."""
+        """The single hook for platform policy; returns a (possibly replaced) config.
+
+        Validates what the platform cannot do (errors name the flag and the allowed values) and
+        fills in platform defaults. Eager mode is recorded where the platform captures no graphs.
+        """
         bs = config.cache_config.block_size
         if bs not in cls.supported_block_sizes:
             raise ValueError(
@@ -178,6 +376,20 @@ class Platform:
                 f"--kv-cache-dtype (kv_cache_dtype) {kvd!r} is not supported on {cls.name}; "
                 f"supported: {list(cls.supported_kv_cache_dtypes)}"
             )
+        dtype = config.model_config.dtype
+        if dtype not in cls.supported_dtypes():
+            raise ValueError(
+                f"--dtype (dtype) {_dtype_name(dtype)} is not supported on {cls.name}; "
+                f"supported: {[_dtype_name(d) for d in cls.supported_dtypes()]}"
+            )
+        tp = config.parallel_config.tensor_parallel_size
+        if cls.device_type != "cpu" and tp > cls.device_count():
+            raise ValueError(
+                f"--tensor-parallel-size (tensor_parallel_size) {tp} needs {tp} {cls.name} "
+                f"devices; {cls.device_count()} visible"
+            )
+        if cls.get_graph_capture(config).value == "none" and not config.enforce_eager:
+            config = config.replace(enforce_eager=True)
         return config
 
     @classmethod
@@ -190,19 +402,29 @@ class Platform:
     @classmethod
     def describe(cls) -> dict[str, str]:
         """Facts for ``octavo info`` (extended by each platform)."""
-        return {"device": cls.get_device_name()}
-
-    @classmethod
-    def stream_context(cls):
-        return contextlib.nullcontext()
+        return {"device": cls.get_device_name(), "device count": str(cls.device_count())}
 
 
-def _load_backend(name: str):
-    from octavo.attention.backends import resolve_backend
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
 
+
+def _load_backend(name: str) -> type[AttentionBackend] | str:
+    """The backend class, or why it cannot be loaded (missing package, import error)."""
+    from octavo.attention import backends
+
+    missing = backends.missing_packages(name)
+    if missing:
+        return "; ".join(f"package {m!r} is not installed" for m in missing)
     try:
-        return resolve_backend(name)
+        return _import_backend(name)
     except ImportError as e:
         return f"not importable ({e})"
     except (ValueError, AttributeError) as e:
         return str(e)
+
+
+def _import_backend(name: str) -> type[AttentionBackend]:
+    from octavo.attention.backends import resolve_backend
+
+    return resolve_backend(name)

@@ -5,14 +5,22 @@ deltas arrive (new block ids); token ids sampled by the runner are appended here
 input preparation is pure array indexing with no per-token Python loop.
 Invariant: ``token_ids[row, :num_tokens[row]]`` are the request's prompt + output tokens and
 ``block_table[row, :num_blocks[row]]`` its blocks in position order.
+
+Sampling parameters are unpacked into per-row arrays once, at admission, so building a step's
+``SamplingMetadata`` is slicing by row (plus short per-request loops only for the rows that
+use ragged features: allowed tokens, logit bias, bad words, min_tokens, seeds).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from octavo.core.sampler import SamplingMetadata, bad_words_positions, token_seed
 from octavo.core.scheduler_output import NewRequestData
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import _SAMPLING_EPS, SamplingParams
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class InputBatch:
@@ -32,6 +40,30 @@ class InputBatch:
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
+        # Sampling parameters per row (neutral values in free rows).
+        r = max_num_reqs
+        self.temperature = np.zeros(r, dtype=np.float32)  # 0 = greedy
+        self.top_k = np.zeros(r, dtype=np.int64)
+        self.top_p = np.ones(r, dtype=np.float32)
+        self.min_p = np.zeros(r, dtype=np.float32)
+        self.presence_penalty = np.zeros(r, dtype=np.float32)
+        self.frequency_penalty = np.zeros(r, dtype=np.float32)
+        self.repetition_penalty = np.ones(r, dtype=np.float32)
+        self.has_penalty = np.zeros(r, dtype=bool)
+        self.seed = np.zeros(r, dtype=np.int64)
+        self.has_seed = np.zeros(r, dtype=bool)
+        self.min_tokens = np.zeros(r, dtype=np.int64)
+        self.num_logprobs = np.full(r, -1, dtype=np.int64)  # -1 = not requested
+        self.num_prompt_logprobs = np.full(r, -1, dtype=np.int64)
+        # Ragged per-row extras, None when unused (flags say which rows use them).
+        self.has_allowed = np.zeros(r, dtype=bool)
+        self.has_bias = np.zeros(r, dtype=bool)
+        self.has_bad_words = np.zeros(r, dtype=bool)
+        self.allowed_token_ids: list[np.ndarray | None] = [None] * r
+        self.logit_bias: list[tuple[np.ndarray, np.ndarray] | None] = [None] * r
+        self.bad_words: list[list[list[int]] | None] = [None] * r
+        self.min_tokens_stop_ids: list[np.ndarray] = [_EMPTY] * r
+
     def __len__(self) -> int:
         return len(self.row_of)
 
@@ -49,7 +81,43 @@ class InputBatch:
         self.num_blocks[row] = 0
         self.append_block_ids(row, new.block_ids)
         self.params[row] = new.sampling_params
+        self._set_sampling_params(row, new.sampling_params, new.eos_token_id)
         return row
+
+    def _set_sampling_params(self, row: int, p: SamplingParams, eos_token_id: int | None) -> None:
+        greedy = p.temperature < _SAMPLING_EPS
+        self.temperature[row] = 0.0 if greedy else p.temperature
+        self.top_k[row] = max(p.top_k, 0)
+        self.top_p[row] = p.top_p
+        self.min_p[row] = p.min_p
+        self.presence_penalty[row] = p.presence_penalty
+        self.frequency_penalty[row] = p.frequency_penalty
+        self.repetition_penalty[row] = p.repetition_penalty
+        self.has_penalty[row] = (
+            p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+        )
+        self.has_seed[row] = p.seed is not None and not greedy
+        self.seed[row] = p.seed if p.seed is not None else 0
+        self.min_tokens[row] = p.min_tokens
+        self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
+        self.num_prompt_logprobs[row] = -1 if p.prompt_logprobs is None else p.prompt_logprobs
+        self.allowed_token_ids[row] = (
+            None if p.allowed_token_ids is None else np.asarray(p.allowed_token_ids, dtype=np.int64)
+        )
+        if p.logit_bias:
+            ids = np.fromiter(p.logit_bias.keys(), dtype=np.int64, count=len(p.logit_bias))
+            vals = np.fromiter(p.logit_bias.values(), dtype=np.float32, count=len(p.logit_bias))
+            self.logit_bias[row] = (ids, vals)
+        else:
+            self.logit_bias[row] = None
+        self.bad_words[row] = p._bad_words_token_ids or None
+        self.has_allowed[row] = self.allowed_token_ids[row] is not None
+        self.has_bias[row] = self.logit_bias[row] is not None
+        self.has_bad_words[row] = self.bad_words[row] is not None
+        stop_ids = set(p.stop_token_ids or ())
+        if eos_token_id is not None and not p.ignore_eos:
+            stop_ids.add(eos_token_id)
+        self.min_tokens_stop_ids[row] = np.array(sorted(stop_ids), dtype=np.int64)
 
     def remove_request(self, req_id: str) -> None:
         row = self.row_of.pop(req_id, None)
@@ -57,6 +125,10 @@ class InputBatch:
             return
         self.req_ids[row] = None
         self.params[row] = None
+        self.allowed_token_ids[row] = None
+        self.logit_bias[row] = None
+        self.bad_words[row] = None
+        self.has_allowed[row] = self.has_bias[row] = self.has_bad_words[row] = False
         self._free_rows.append(row)
 
     def append_block_ids(self, row: int, block_ids: list[int]) -> None:
@@ -75,3 +147,90 @@ class InputBatch:
         rows, tokens = rows[ok], tokens[ok]
         self.token_ids[rows, self.num_tokens[rows]] = tokens
         self.num_tokens[rows] += 1
+
+    # -- sampling metadata ----------------------------------------------------------------
+    def make_sampling_metadata(
+        self, rows: np.ndarray, vocab_size: int, device: torch.device
+    ) -> SamplingMetadata:
+        """Metadata for sampling the next token of ``rows`` (in that order)."""
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        s = len(rows)
+        temps = self.temperature[rows]
+        greedy = temps == 0.0
+        top_k = self.top_k[rows]
+        top_p = self.top_p[rows]
+        min_p = self.min_p[rows]
+        num_out = self.num_tokens[rows] - self.num_prompt_tokens[rows]
+
+        generators: dict[int, torch.Generator] = {}
+        for i in np.nonzero(self.has_seed[rows])[0].tolist():
+            g = torch.Generator(device=device)
+            g.manual_seed(token_seed(int(self.seed[rows[i]]), int(num_out[i])))
+            generators[i] = g
+
+        md = SamplingMetadata(
+            temperature=dev(temps),
+            all_greedy=bool(greedy.all()),
+            all_random=not bool(greedy.any()),
+            top_k=dev(top_k) if (top_k > 0).any() else None,
+            top_p=dev(top_p) if (top_p < 1.0).any() else None,
+            min_p=dev(min_p) if (min_p > 0.0).any() else None,
+            generators=generators,
+        )
+
+        # allowed_token_ids: a dense mask, only when some row restricts its vocabulary.
+        restricted = np.nonzero(self.has_allowed[rows])[0].tolist()
+        if restricted:
+            mask = np.zeros((s, vocab_size), dtype=bool)
+            mask[restricted] = True
+            for i in restricted:
+                mask[i, self.allowed_token_ids[rows[i]]] = False
+            md.allowed_token_ids_mask = dev(mask)
+
+        # bad words, against each row's generated tokens.
+        bad = {i: self.bad_words[rows[i]] for i in np.nonzero(self.has_bad_words[rows])[0].tolist()}
+        if bad:
+            outs = {i: self.output_token_ids(rows[i]) for i in bad}
+            b_rows, b_toks = bad_words_positions(bad, outs)
+            if b_rows:
+                md.bad_words_mask = (dev(np.array(b_rows, np.int64)), dev(np.array(b_toks, np.int64)))
+
+        # min_tokens: stop tokens are forbidden while too few tokens were generated.
+        gated = np.nonzero(num_out < self.min_tokens[rows])[0]
+        if len(gated):
+            ids = [self.min_tokens_stop_ids[rows[i]] for i in gated]
+            counts = np.array([len(x) for x in ids], dtype=np.int64)
+            if counts.sum():
+                md.min_tokens_mask = (dev(np.repeat(gated, counts)), dev(np.concatenate(ids)))
+
+        biased = np.nonzero(self.has_bias[rows])[0].tolist()
+        if biased:
+            pairs = [self.logit_bias[rows[i]] for i in biased]
+            counts = np.array([len(p[0]) for p in pairs], dtype=np.int64)
+            md.logit_bias = (
+                dev(np.repeat(np.array(biased, dtype=np.int64), counts)),
+                dev(np.concatenate([p[0] for p in pairs])),
+                dev(np.concatenate([p[1] for p in pairs])),
+            )
+
+        if self.has_penalty[rows].any():
+            n_tok = self.num_tokens[rows]
+            n_prompt = self.num_prompt_tokens[rows]
+            width = int(n_tok.max())
+            toks = self.token_ids[rows, :width]
+            pos = np.arange(width)[None, :]
+            is_prompt = pos < n_prompt[:, None]
+            is_output = ~is_prompt & (pos < n_tok[:, None])
+            md.prompt_token_ids = dev(np.where(is_prompt, toks, vocab_size))
+            md.output_token_ids = dev(np.where(is_output, toks, vocab_size))
+            md.presence_penalties = dev(self.presence_penalty[rows])
+            md.frequency_penalties = dev(self.frequency_penalty[rows])
+            md.repetition_penalties = dev(self.repetition_penalty[rows])
+
+        nlp = self.num_logprobs[rows]
+        if (nlp >= 0).any():
+            md.max_num_logprobs = int(nlp.max())
+        return md

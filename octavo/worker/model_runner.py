@@ -17,31 +17,21 @@ import torch
 
 from octavo.attention.backend import CommonAttentionMetadata
 from octavo.config import OctavoConfig
-from octavo.core.sampler import Sampler, SamplingMetadata
+from octavo.core.sampler import LogprobsTensors, Sampler, SamplingMetadata, gather_logprobs
+from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
+from octavo.distributed.parallel_state import get_tp
 from octavo.worker.input_batch import InputBatch
 
 logger = logging.getLogger(__name__)
 
-_MIX = 0x9E3779B97F4A7C15
-_MASK63 = (1 << 63) - 1
-
-
-def token_seed(seed: int, index: int) -> int:
-    """Seed of the noise for output token ``index`` of a seeded request.
-
-    Derived from (seed, index) alone, so a seeded request samples the same tokens whatever
-    else is in the batch and even after preemption and recompute.
-    """
-    return ((seed & _MASK63) * 1_000_003 + (index + 1) * _MIX) & _MASK63
-
-
 class ModelRunner:
-    def __init__(self, config: OctavoConfig, platform) -> None:
+    def __init__(self, config: OctavoConfig, platform, local_rank: int = 0) -> None:
         self.config = config
         self.platform = platform
         mc = config.model_config
-        self.device = platform.device()
+        self.device = platform.device(local_rank)
+        self.num_kv_heads_local = mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         self.dtype = mc.dtype
         self.block_size = config.cache_config.block_size
         self.max_model_len = mc.max_model_len
@@ -56,6 +46,11 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.load_seconds = 0.0
+        # GPU step: persistent device inputs (None on CPU) and captured decode graphs.
+        from octavo.worker.cuda_graph import make_step_buffers
+
+        self.step_buffers = make_step_buffers(self)
+        self.graph_runner = None
 
     # -- setup ----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -85,14 +80,19 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         mc = self.config.model_config
-        shape = self.attn_backend.get_kv_cache_shape(1, self.block_size, mc.num_kv_heads, mc.head_size)
+        shape = self.attn_backend.get_kv_cache_shape(1, self.block_size, self.num_kv_heads_local, mc.head_size)
         return int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size() * mc.num_layers
 
     def determine_num_blocks(self) -> int:
         cc = self.config.cache_config
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override
-        budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
+        if self.device.type == "cpu":
+            budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
+        else:  # measure activations and the graph pool with dummy forwards
+            from octavo.worker.memory_profile import profile_kv_cache_budget
+
+            budget = profile_kv_cache_budget(self)
         num = budget // self.kv_bytes_per_block()
         # More blocks than every sequence at full length (x4 for the prefix cache) buy nothing.
         sc = self.config.scheduler_config
@@ -107,13 +107,16 @@ class ModelRunner:
                 f"--max-model-len {self.max_model_len}; lower --max-model-len or give the cache "
                 "more memory"
             )
-        shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, mc.num_kv_heads, mc.head_size)
+        shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads_local, mc.head_size)
         self.kv_caches = [
             torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)
         ]
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             layer.kv_cache = cache
         self.num_blocks = num_blocks
+        from octavo.worker.cuda_graph import maybe_capture
+
+        self.graph_runner = maybe_capture(self)
 
     # -- one step -------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -150,6 +153,13 @@ class ModelRunner:
         sample_mask = seq_lens == batch.num_tokens[rows]
         logits_indices = cu[sample_mask] - 1
 
+        if self.step_buffers is not None:  # accelerator: pinned staging into persistent buffers
+            pad = self.graph_runner.padded_size(len(rows), total, int(n.max())) if self.graph_runner else None
+            md, inputs = self.step_buffers.stage(
+                token_ids, positions, slot_mapping, qsl, seq_lens, batch.block_table, rows,
+                max_blocks, int(n.max()), pad_to=pad,
+            )
+            return req_ids, rows, inputs, md, sample_mask, logits_indices
         dev = self.device
         md = CommonAttentionMetadata(
             query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
@@ -170,30 +180,64 @@ class ModelRunner:
         )
         return req_ids, rows, inputs, md, sample_mask, logits_indices
 
-    def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+    def _sampling_metadata(self, rows: np.ndarray, vocab_size: int) -> SamplingMetadata:
+        return self.input_batch.make_sampling_metadata(rows, vocab_size, self.device)
+
+    @staticmethod
+    def _logprobs_lists(
+        lp: LogprobsTensors, num_logprobs: np.ndarray
+    ) -> list[list[dict[int, tuple[float, int]]] | None]:
+        """Per sampled row: None, or one {token_id: (logprob, rank)} with the sampled token first."""
+        ids, lps, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.sampled_ranks.tolist()
+        out: list[list[dict[int, tuple[float, int]]] | None] = []
+        for i, k in enumerate(num_logprobs.tolist()):
+            if k < 0:
+                out.append(None)
+                continue
+            d = {ids[i][0]: (lps[i][0], ranks[i])}
+            for j in range(1, k + 1):
+                d.setdefault(ids[i][j], (lps[i][j], j))
+            out.append([d])
+        return out
+
+    def _compute_prompt_logprobs(
+        self, req_ids: list[str], rows: np.ndarray, md: CommonAttentionMetadata, hidden: torch.Tensor
+    ) -> dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] | None:
+        """Logprobs of the prompt tokens whose predecessors were computed in this step.
+
+        The hidden state at position ``p`` predicts token ``p + 1``; prompt logprobs are the
+        raw model distribution (``log_softmax`` of the fp32 logits, no sampling processing).
+        """
         batch = self.input_batch
-        params = [batch.params[r] for r in rows]
-        temps = np.array([p.temperature for p in params], dtype=np.float32)
-        greedy = temps < 1e-5
-        temps[greedy] = 0.0
-        top_k = np.array([p.top_k for p in params], dtype=np.int64)
-        top_p = np.array([p.top_p for p in params], dtype=np.float32)
-        generators = {}
-        for i, (row, p) in enumerate(zip(rows, params, strict=True)):
-            if p.seed is not None and not greedy[i]:
-                g = torch.Generator(device=self.device)
-                n_out = int(batch.num_tokens[row] - batch.num_prompt_tokens[row])
-                g.manual_seed(token_seed(p.seed, n_out))
-                generators[i] = g
-        dev = self.device
-        return SamplingMetadata(
-            temperature=torch.from_numpy(temps).to(dev),
-            all_greedy=bool(greedy.all()),
-            all_random=not bool(greedy.any()),
-            top_k=torch.from_numpy(top_k).to(dev) if (top_k > 0).any() else None,
-            top_p=torch.from_numpy(top_p).to(dev) if (top_p < 1.0).any() else None,
-            generators=generators,
-        )
+        want = np.nonzero(batch.num_prompt_logprobs[rows] >= 0)[0]
+        if not len(want):
+            return None
+        qsl = md.query_start_loc_cpu
+        out: dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] = {}
+        for i in want.tolist():
+            row = int(rows[i])
+            n = int(qsl[i + 1] - qsl[i])
+            start = int(md.seq_lens_cpu[i]) - n
+            end = min(start + n, int(batch.num_prompt_tokens[row]) - 1)
+            if end <= start:
+                continue
+            k = int(batch.num_prompt_logprobs[row])
+            h = hidden[int(qsl[i]) : int(qsl[i]) + end - start]
+            logits = self.model.compute_logits(h)
+            if logits is None:  # tensor-parallel rank != 0: the gather above was its part
+                continue
+            logprobs = logits.float().log_softmax(dim=-1)
+            targets = torch.from_numpy(batch.token_ids[row, start + 1 : end + 1].copy()).to(self.device)
+            lp = gather_logprobs(logprobs, k, targets)
+            ids, lps, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.sampled_ranks.tolist()
+            entries = []
+            for p in range(end - start):
+                d = {ids[p][0]: (lps[p][0], ranks[p])}
+                for j in range(1, k + 1):
+                    d.setdefault(ids[p][j], (lps[p][j], j))
+                entries.append(d)
+            out[req_ids[i]] = (start + 1, entries)
+        return out or None
 
     @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -202,15 +246,41 @@ class ModelRunner:
             return ModelRunnerOutput([], [])
         req_ids, rows, (input_ids, positions), md, sample_mask, logits_indices = self._prepare_inputs(so)
         attn_md = self.attn_backend.build_metadata(md)
-        hidden = self.model(input_ids, positions, attn_md)
+        hidden = self.graph_runner.replay(md) if self.graph_runner is not None else None
+        if hidden is None:
+            hidden = self.model(input_ids, positions, attn_md)
         sampled_lists: list[list[int]] = [[] for _ in req_ids]
+        logprobs_lists: list[list[dict[int, tuple[float, int]]] | None] | None = None
+        prompt_logprobs = self._compute_prompt_logprobs(req_ids, rows, md, hidden)
         if len(logits_indices):
-            idx = torch.from_numpy(logits_indices).to(self.device)
+            if self.step_buffers is not None:
+                idx = self.step_buffers.indices(logits_indices)
+            else:
+                idx = torch.from_numpy(logits_indices).to(self.device)
             logits = self.model.compute_logits(hidden[idx])
             sample_rows = rows[sample_mask]
-            out = self.sampler(logits, self._sampling_metadata(sample_rows))
-            sampled = out.sampled_token_ids.cpu().numpy()
+            if logits is None:  # tensor-parallel rank != 0: receive rank 0's tokens below
+                out = None
+                sampled_t = torch.empty(len(logits_indices), dtype=torch.int64, device=self.device)
+            else:
+                out = self.sampler(logits, self._sampling_metadata(sample_rows, logits.shape[-1]))
+                sampled_t = out.sampled_token_ids
+            tp = get_tp()
+            if tp.world_size > 1:
+                sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
+            sampled = sampled_t.cpu().numpy()
             self.input_batch.append_tokens(sample_rows, sampled)
-            for i, t in zip(np.nonzero(sample_mask)[0], sampled.tolist(), strict=True):
+            sample_pos = np.nonzero(sample_mask)[0]
+            for i, t in zip(sample_pos, sampled.tolist(), strict=True):
                 sampled_lists[i] = [t]
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled_lists)
+            if out is not None and out.logprobs is not None:
+                per_row = self._logprobs_lists(out.logprobs, self.input_batch.num_logprobs[sample_rows])
+                logprobs_lists = [None] * len(req_ids)
+                for i, lp in zip(sample_pos, per_row, strict=True):
+                    logprobs_lists[i] = lp
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            sampled_token_ids=sampled_lists,
+            logprobs=logprobs_lists,
+            prompt_logprobs=prompt_logprobs,
+        )

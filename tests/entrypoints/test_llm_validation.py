@@ -85,3 +85,39 @@ def test_out_of_vocab_prompt_token(llm):
 def test_bad_engine_args(llama_dir, kwargs, flag):
     with pytest.raises(ValueError, match=flag):
         LLM(llama_dir, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"logit_bias": {10**6: 1.0}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"allowed_token_ids": [3, 10**6]}, "allowed_token_ids"),
+        ({"stop_token_ids": [10**6]}, "stop_token_ids"),
+        ({"logprobs": 10**6}, "logprobs"),
+        ({"prompt_logprobs": 10**6}, "prompt_logprobs"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary(llm, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        llm.generate({"prompt_token_ids": [5, 6]}, SamplingParams(**kwargs), use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"n": 0}, "n"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"min_p": -0.5}, "min_p"),
+        ({"presence_penalty": 5.0}, "presence_penalty"),
+        ({"frequency_penalty": -5.0}, "frequency_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"stop": [1, 2]}, "stop"),
+        ({"stop": 3}, "stop"),
+    ],
+)
+def test_bad_sampling_ranges_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        SamplingParams(**kwargs)

@@ -1,4 +1,10 @@
-"""Attention backend registry: name -> qualified class path (imported only when chosen)."""
+"""Attention backend registry: name -> qualified class path (imported only when chosen).
+
+``PACKAGE_REQUIREMENTS`` names the optional packages a backend needs; the platform's priority
+walk checks them with ``find_spec`` before importing the backend's module, so a missing Triton,
+IPEX, flash-attn or torch_xla is a clean "package ... is not installed" reason, never an import
+of half a stack.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,26 @@ from octavo.attention.backend import AttentionBackend
 
 BACKENDS: dict[str, str] = {
     "torch_ref": "octavo.attention.backends.torch_ref.TorchRefBackend",
+    "triton_paged": "octavo.attention.backends.triton_paged.TritonPagedBackend",
+    "cpu_paged": "octavo.attention.backends.cpu_paged.CpuPagedBackend",
+    "flash_attn": "octavo.attention.backends.flash_attn.FlashAttnBackend",
+    "ipex": "octavo.attention.backends.ipex.IpexBackend",
+    "xla": "octavo.attention.backends.xla.XlaBackend",
 }
+
+PACKAGE_REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "triton_paged": ("triton",),
+    "flash_attn": ("flash_attn",),
+    "ipex": ("intel_extension_for_pytorch",),
+    "xla": ("torch_xla",),
+}
+
+
+def missing_packages(name_or_path: str) -> list[str]:
+    """Required packages of a registered backend that are not installed (empty for paths)."""
+    from octavo.platforms import interface
+
+    return [p for p in PACKAGE_REQUIREMENTS.get(name_or_path, ()) if not interface.package_available(p)]
 
 
 def resolve_backend(name_or_path: str) -> type[AttentionBackend]:

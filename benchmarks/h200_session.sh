@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One bundled run on a lent H200 (issue 6): correctness first, then the benchmarks, each step
+# under a share of one overall deadline so the most important results always come back.
+#   OUT=/some/dir DEADLINE_S=570 bash benchmarks/h200_session.sh [steps...]
+# Steps (default: all, in this order): env pytest_kernels octavo_llama8b hf_llama8b
+#   pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b
+#   (pytest_llama: the engine tests of the llama fixture and memory profiling only)
+set -u
+OUT=${OUT:-/tmp/h200}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OCTAVO_LOGGING_LEVEL=INFO TOKENIZERS_PARALLELISM=false
+START=$(date +%s)
+DEADLINE_S=${DEADLINE_S:-570}
+B="python3 benchmarks/bench_cuda.py"
+
+run() {  # run LIMIT_S LOGFILE CMD...: bounded by the step limit and what is left overall
+  local lim=$1 log=$2
+  shift 2
+  local left=$((DEADLINE_S - ($(date +%s) - START)))
+  [ "$left" -lt "$lim" ] && lim=$left
+  if [ "$lim" -le 10 ]; then echo "SKIPPED (deadline): $*" >>"$OUT/$log"; return; fi
+  echo "### $(date +%T) [limit ${lim}s] $*" >>"$OUT/$log"
+  timeout "$lim" "$@" >>"$OUT/$log" 2>&1
+  echo "### rc=$? after $(($(date +%s) - START))s" >>"$OUT/$log"
+}
+
+step_env() {
+  { nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+  } >>"$OUT/env.txt" 2>&1
+  run 60 bench.log $B bandwidth
+}
+step_pytest_kernels() { run 150 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider tests/attention tests/models/test_fused_ops.py; }
+step_pytest_engine() { run 200 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rA tests --deselect tests/attention --deselect tests/models/test_fused_ops.py; }
+step_pytest_llama() { run 120 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rA tests/worker tests/platforms/test_conformance_accelerators.py -k "llama or memory_profile or greedy_matches_cpu"; }
+step_octavo_llama8b() { run 200 bench.log $B octavo --shape llama8b; }
+step_octavo_qwen05b() { run 120 bench.log $B octavo --shape qwen05b; }
+step_hf_llama8b() { run 100 bench.log $B hf-generate --shape llama8b; }
+step_hf_qwen05b() { run 60 bench.log $B hf-generate --shape qwen05b; }
+step_kernels() { run 60 bench.log $B kernels; }
+step_hfbatch_llama8b() { run 150 bench.log $B hf-generate-batch --shape llama8b; }
+step_hfbatch_qwen05b() { run 90 bench.log $B hf-generate-batch --shape qwen05b; }
+
+STEPS=${*:-env pytest_kernels octavo_llama8b hf_llama8b pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b}
+for s in $STEPS; do "step_$s"; done
+if [ -f "$OUT/bench.log" ]; then
+  $B summary "$OUT/bench.log" --out "$OUT/results.json" >"$OUT/summary.txt" 2>&1
+  cat "$OUT/summary.txt"
+  grep -E "^### rc" "$OUT/bench.log"
+fi
+[ -f "$OUT/pytest.log" ] && grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5

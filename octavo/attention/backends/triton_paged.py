@@ -1,0 +1,115 @@
+"""``triton_paged``: Triton paged attention for CUDA and ROCm (same kernels on both).
+
+KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]``, as in
+``torch_ref``, so the two backends can be checked against each other on one cache.
+
+Per layer ``forward`` launches one KV-write kernel and one attention kernel over the whole
+mixed batch (prefill chunks and decodes together); decode-only steps with few requests and long
+contexts take the split-KV variant (one more small reduction launch). Nothing here reads a
+device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's
+shapes depend only on (num tokens, num requests), and the split decision only on static facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+
+# Split-KV (flash-decoding) policy: split decode steps whose (requests x KV heads) programs
+# would leave most of the GPU idle, once contexts are long enough to pay for the reduction.
+SPLIT_MIN_SEQ_LEN = 512
+SPLIT_TARGET_PROGRAMS = 256
+SPLIT_MAX_SEGMENTS = 16
+
+
+def num_kv_segments(num_reqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int) -> int:
+    if max_query_len != 1 or max_seq_len < SPLIT_MIN_SEQ_LEN:
+        return 1
+    programs = num_reqs * num_kv_heads
+    segments = 1
+    while segments < SPLIT_MAX_SEGMENTS and programs * segments * 2 <= SPLIT_TARGET_PROGRAMS:
+        segments *= 2
+    return segments
+
+
+@dataclass
+class TritonPagedMetadata:
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    # Split-KV partial buffers, shared by every layer of the step (layers run in order).
+    workspaces: dict[tuple, Any] = field(default_factory=dict)
+
+
+class TritonPagedImpl(AttentionImpl):
+    def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata):
+        from octavo.attention.ops.paged_attention import alloc_workspace, paged_attention, write_kv
+
+        md = attn_metadata
+        write_kv(key, value, kv_cache, md.slot_mapping)
+        num_tokens = query.shape[0]
+        out = torch.empty(
+            (num_tokens, self.num_heads, self.head_size), dtype=query.dtype, device=query.device
+        )
+        segments = num_kv_segments(md.num_reqs, self.num_kv_heads, md.max_query_len, md.max_seq_len)
+        workspace = None
+        if segments > 1:
+            key_ = (num_tokens, self.num_heads, self.head_size, segments)
+            workspace = md.workspaces.get(key_)
+            if workspace is None:
+                workspace = md.workspaces[key_] = alloc_workspace(*key_, query.device)
+        return paged_attention(
+            query, kv_cache, out, md.query_start_loc, md.seq_lens, md.block_table,
+            md.num_reqs, md.max_query_len, self.scale, segments, workspace,
+        )
+
+
+class TritonPagedBackend(AttentionBackend):
+    name = "triton_paged"
+    # Forward reads no device value on the host: safe to capture in a CUDA/HIP graph.
+    supports_graph_capture = True
+    # CUDA and ROCm (whose torch device type is also "cuda"); CI runs the kernels on CPU
+    # under TRITON_INTERPRET=1 by calling them directly.
+    supported_device_types = ("cuda",)
+    supported_block_sizes = (16, 32, 64, 128)
+
+    @classmethod
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size):
+        reasons = []
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            reasons.append("triton is not installed (pip install 'octavo[cuda]')")
+        if head_size % 8 != 0 or not 16 <= head_size <= 256:
+            reasons.append(f"head size {head_size} is not a multiple of 8 in [16, 256]")
+        return reasons
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def build_metadata(cls, common: CommonAttentionMetadata) -> TritonPagedMetadata:
+        return TritonPagedMetadata(
+            query_start_loc=common.query_start_loc,
+            seq_lens=common.seq_lens,
+            block_table=common.block_table,
+            slot_mapping=common.slot_mapping,
+            num_reqs=common.num_reqs,
+            num_actual_tokens=common.num_actual_tokens,
+            max_query_len=common.max_query_len,
+            max_seq_len=common.max_seq_len,
+        )
+
+    @classmethod
+    def get_impl_cls(cls):
+        return TritonPagedImpl

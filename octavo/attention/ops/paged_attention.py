@@ -1,0 +1,369 @@
+"""Triton paged attention for mixed batches (prefill chunks + decodes), and the KV write.
+
+Layout (shared with ``torch_ref``): one layer's cache is ``[2, num_blocks, block_size,
+num_kv_heads, head_size]``; K is ``cache[0]``, V is ``cache[1]``.
+
+``paged_attention`` runs one program per (query block, KV head). A query block is ``BLOCK_Q``
+consecutive query tokens of one request times the ``G = num_heads / num_kv_heads`` query heads
+that share the KV head, so each K/V tile is loaded once for all of them (``BLOCK_M = BLOCK_Q *
+G`` rows per tile). Query blocks never straddle requests: request ``i`` owns program indices
+``query_start_loc[i] // BLOCK_Q + i ...``, found by binary search, which keeps the grid a
+function of (num tokens, num requests) alone, so a captured CUDA graph can replay it.
+
+With ``num_segments > 1`` (flash-decoding) a third grid axis splits each request's KV range
+into segments; each writes an unnormalised partial output with its running max and sum, and
+``_reduce_segments_kernel`` merges them. That fills the GPU when there are few requests and
+long contexts (batch 1 decode has only ``num_kv_heads`` programs otherwise).
+
+Softmax runs in float32 in base 2 (``log2(e)`` folded into the scale). Every kernel also runs
+under ``TRITON_INTERPRET=1`` on CPU tensors, which is how CI checks them against torch_ref.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _find_seq_idx(qsl_ptr, target, num_seqs, BLOCK_Q: tl.constexpr):
+    """Largest i with ``qsl[i] // BLOCK_Q + i <= target`` (the request owning query block)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(qsl_ptr + mid) // BLOCK_Q + mid
+        if start <= target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit(do_not_specialize=["scale_log2", "num_seqs"])
+def _paged_attention_kernel(
+    out_ptr,  # [T, H, D]
+    q_ptr,  # [T, H, D] (any strides for T and H; D contiguous)
+    k_cache_ptr,  # [num_blocks, block_size, Hk, D]
+    v_cache_ptr,
+    block_table_ptr,  # [B, max_blocks]
+    seq_lens_ptr,  # [B]
+    qsl_ptr,  # [B + 1]
+    seg_out_ptr,  # [T, H, NUM_SEGMENTS, HEAD_PAD] fp32 (split mode only)
+    seg_max_ptr,  # [T, H, NUM_SEGMENTS] fp32
+    seg_sum_ptr,  # [T, H, NUM_SEGMENTS] fp32
+    scale_log2,  # softmax scale * log2(e)
+    num_seqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    NUM_HEADS: tl.constexpr,
+    G: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    segment = tl.program_id(2)
+
+    seq = _find_seq_idx(qsl_ptr, q_block, num_seqs, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + seq)
+    q_end = tl.load(qsl_ptr + seq + 1)
+    query_len = q_end - q_start
+    local_block = q_block - (q_start // BLOCK_Q + seq)
+    if local_block * BLOCK_Q >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_PAD)
+    offs_t = tl.arange(0, TILE)
+    q_pos = local_block * BLOCK_Q + offs_m // G  # query index within the request
+    head = kv_head * G + offs_m % G
+    row_ok = (offs_m < BLOCK_Q * G) & (q_pos < query_len)
+    d_ok = offs_d < HEAD_SIZE
+    tok = q_start + q_pos
+
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+
+    # Keys this query block can see: up to the causal limit of its last query.
+    kv_end = tl.minimum(seq_len, context_len + (local_block + 1) * BLOCK_Q)
+    num_tiles = tl.cdiv(kv_end, TILE)
+    if NUM_SEGMENTS > 1:
+        tiles_per_seg = tl.cdiv(tl.cdiv(seq_len, TILE), NUM_SEGMENTS)
+        tile_lo = segment * tiles_per_seg
+        tile_hi = tl.minimum(tile_lo + tiles_per_seg, num_tiles)
+    else:
+        tile_lo = 0
+        tile_hi = num_tiles
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    q_abs = context_len + q_pos  # absolute position of each row's query
+
+    bt_row = block_table_ptr + seq * stride_bt
+    for j in range(tile_lo, tile_hi):
+        k_pos = j * TILE + offs_t
+        k_ok = k_pos < kv_end
+        blk = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
+        slot_in_blk = k_pos % BLOCK_SIZE
+        k = tl.load(
+            k_cache_ptr
+            + blk[None, :] * stride_kb
+            + slot_in_blk[None, :] * stride_ks
+            + kv_head * stride_kh
+            + offs_d[:, None],
+            mask=k_ok[None, :] & d_ok[:, None],
+            other=0.0,
+        )  # [HEAD_PAD, TILE]
+        v = tl.load(
+            v_cache_ptr
+            + blk[:, None] * stride_vb
+            + slot_in_blk[:, None] * stride_vs
+            + kv_head * stride_vh
+            + offs_d[None, :],
+            mask=k_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )  # [TILE, HEAD_PAD]
+        if IEEE:
+            s = tl.dot(q, k, input_precision="ieee")
+        else:
+            s = tl.dot(q, k)
+        s = s * scale_log2
+        visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_abs[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc += tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    if NUM_SEGMENTS > 1:
+        base = (tok * NUM_HEADS + head) * NUM_SEGMENTS + segment
+        tl.store(seg_max_ptr + base, m_i, mask=row_ok)
+        tl.store(seg_sum_ptr + base, l_i, mask=row_ok)
+        tl.store(
+            seg_out_ptr + base[:, None] * HEAD_PAD + offs_d[None, :],
+            acc,
+            mask=row_ok[:, None],
+        )
+    else:
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
+
+
+@triton.jit
+def _reduce_segments_kernel(
+    out_ptr,
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+):
+    tok = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, NUM_SEGMENTS)
+    offs_d = tl.arange(0, HEAD_PAD)
+    base = (tok * NUM_HEADS + head) * NUM_SEGMENTS
+    m = tl.load(seg_max_ptr + base + offs_s)
+    m_all = tl.max(m, axis=0)
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_all))
+    l_all = tl.sum(tl.load(seg_sum_ptr + base + offs_s) * w, axis=0)
+    acc = tl.load(seg_out_ptr + (base + offs_s)[:, None] * HEAD_PAD + offs_d[None, :])
+    out = tl.sum(acc * w[:, None], axis=0) / l_all
+    tl.store(
+        out_ptr + tok * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_SIZE,
+    )
+
+
+@triton.jit
+def _write_kv_kernel(
+    key_ptr,  # [T, Hk, D]
+    value_ptr,
+    k_cache_ptr,  # [num_blocks, block_size, Hk, D]
+    v_cache_ptr,
+    slot_ptr,  # [T] int64; < 0 means "don't write" (padding)
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    NUM_KV_HEADS: tl.constexpr,
+    HK_PAD: tl.constexpr,
+    HEAD_SIZE: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    if slot < 0:
+        return
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    offs_h = tl.arange(0, HK_PAD)
+    offs_d = tl.arange(0, HEAD_PAD)
+    mask = (offs_h[:, None] < NUM_KV_HEADS) & (offs_d[None, :] < HEAD_SIZE)
+    k = tl.load(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    v = tl.load(value_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    dst = blk * stride_cb + off * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
+    tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def write_kv(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter the K/V of ``slot_mapping.numel()`` tokens into the cache (one launch)."""
+    num_tokens = slot_mapping.shape[0]
+    if num_tokens == 0:
+        return
+    _, _, block_size, num_kv_heads, head_size = kv_cache.shape
+    kc, vc = kv_cache[0], kv_cache[1]
+    assert key.stride(-1) == 1 and value.stride(-1) == 1 and kc.stride(-1) == 1
+    _write_kv_kernel[(num_tokens,)](
+        key, value, kc, vc, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2),
+        NUM_KV_HEADS=num_kv_heads,
+        HK_PAD=triton.next_power_of_2(num_kv_heads),
+        HEAD_SIZE=head_size,
+        HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
+        BLOCK_SIZE=block_size,
+        num_warps=1 if num_kv_heads * head_size <= 1024 else 4,
+    )
+
+
+def pick_block_m(group: int, max_query_len: int) -> int:
+    """Rows per program: 16 for decodes (the tensor-core minimum), 64 for prefill chunks."""
+    base = max(16, triton.next_power_of_2(group))
+    if max_query_len >= 32 and base < 64:
+        return 64
+    return base
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    out: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    num_seqs: int,
+    max_query_len: int,
+    scale: float,
+    num_segments: int = 1,
+    workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    tile: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention of ``query`` [T, H, D] over each request's cached + new keys.
+
+    ``num_segments > 1`` selects the split-KV variant (``workspace`` may hold its partial
+    buffers, from ``alloc_workspace``; else they are allocated here). ``tile``: keys per
+    loop iteration (default 64, 32 for head sizes over 128). Writes into ``out``.
+    """
+    num_tokens, num_heads, head_size = query.shape
+    if num_tokens == 0:
+        return out
+    _, _, block_size, num_kv_heads, _ = kv_cache.shape
+    group = num_heads // num_kv_heads
+    head_pad = max(16, triton.next_power_of_2(head_size))
+    block_m = pick_block_m(group, max_query_len)
+    block_q = max(1, block_m // group)
+    if tile is None:
+        tile = 64 if head_pad <= 128 else 32
+    kc, vc = kv_cache[0], kv_cache[1]
+    assert query.stride(-1) == 1 and out.stride(-1) == 1 and kc.stride(-1) == 1
+    num_q_blocks = num_tokens // block_q + num_seqs
+    if num_segments > 1:
+        if workspace is None:
+            workspace = alloc_workspace(num_tokens, num_heads, head_size, num_segments, query.device)
+        seg_out, seg_max, seg_sum = workspace
+    else:
+        seg_out = seg_max = seg_sum = out  # unused
+    num_warps = 8 if block_m * head_pad >= 64 * 256 else 4
+    _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_segments)](
+        out, query, kc, vc, block_table, seq_lens, query_start_loc,
+        seg_out, seg_max, seg_sum,
+        scale * LOG2E, num_seqs,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2),
+        vc.stride(0), vc.stride(1), vc.stride(2),
+        block_table.stride(0),
+        NUM_HEADS=num_heads,
+        G=group,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size,
+        TILE=tile,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        NUM_SEGMENTS=num_segments,
+        IEEE=query.dtype == torch.float32,
+        num_warps=num_warps,
+        num_stages=2,
+    )
+    if num_segments > 1:
+        _reduce_segments_kernel[(num_tokens, num_heads)](
+            out, seg_out, seg_max, seg_sum,
+            out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads,
+            HEAD_SIZE=head_size,
+            HEAD_PAD=head_pad,
+            NUM_SEGMENTS=num_segments,
+            num_warps=1 if head_pad * num_segments <= 2048 else 4,
+        )
+    return out
+
+
+def alloc_workspace(
+    num_tokens: int, num_heads: int, head_size: int, num_segments: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Partial-output buffers of the split-KV variant (float32)."""
+    head_pad = max(16, triton.next_power_of_2(head_size))
+    return (
+        torch.empty(num_tokens, num_heads, num_segments, head_pad, dtype=torch.float32, device=device),
+        torch.empty(num_tokens, num_heads, num_segments, dtype=torch.float32, device=device),
+        torch.empty(num_tokens, num_heads, num_segments, dtype=torch.float32, device=device),
+    )

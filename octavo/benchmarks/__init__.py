@@ -1,0 +1,1 @@
+"""``octavo bench``: throughput, latency and serving benchmarks with same-run baselines."""

@@ -1,0 +1,189 @@
+"""``octavo bench latency``: time to first token, time per output token and end-to-end latency.
+
+Each iteration submits one batch of ``--batch-size`` random prompts of exactly ``--input-len``
+tokens (fresh ids every iteration, so the prefix cache never hits), asks for exactly
+``--output-len`` tokens (greedy, ``ignore_eos``) and drives the engine's own ``step`` loop,
+stamping every request's tokens as the step that produced them returns:
+
+- TTFT: first token of a request minus the batch's submission time
+- TPOT: (last token - first token) / (output tokens - 1), per request
+- ITL: the gaps between consecutive tokens of a request
+- end-to-end: submission to the last token of the batch
+
+``--num-iters-warmup`` iterations run first and are not counted. ``--backend hf`` stamps
+HF ``generate`` the same way (a logits processor records when each step's logits are ready).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import time
+from typing import Any
+
+from octavo.benchmarks import report as rep
+from octavo.benchmarks.common import (
+    add_backend_args,
+    engine_config,
+    load_tokenizer,
+    make_llm,
+    paired_ratios,
+    parse_backends,
+    setup_run,
+)
+from octavo.benchmarks.datasets import SampleRequest, random_requests, special_ids
+
+logger = logging.getLogger(__name__)
+
+_ids = itertools.count()
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    from octavo.config import EngineArgs
+
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--num-iters-warmup", type=int, default=2)
+    parser.add_argument("--num-iters", type=int, default=10)
+    add_backend_args(parser)
+    rep.add_report_args(parser)
+    EngineArgs.add_cli_args(parser)
+
+
+def octavo_iteration(engine: Any, requests: list[SampleRequest], output_len: int) -> dict[str, Any]:
+    """One batch through ``LLMEngine.step``; per-request token timestamps."""
+    from octavo.engine.output_processor import OutputKind
+    from octavo.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
+    stamps: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
+    for r in requests:
+        rid = f"latency-{next(_ids)}"
+        stamps[rid] = []
+        engine.add_request(rid, {"prompt_token_ids": r.prompt}, params, output_kind=OutputKind.DELTA)
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+        now = time.perf_counter()
+        for o in outs:
+            n = sum(len(c.token_ids) for c in o.outputs)
+            stamps[o.request_id].extend([now] * n)
+    e2e = time.perf_counter() - t0
+    ttft, tpot, itl = [], [], []
+    for ts in stamps.values():
+        ttft.append(ts[0] - t0)
+        if len(ts) > 1:
+            tpot.append((ts[-1] - ts[0]) / (len(ts) - 1))
+            itl.extend(b - a for a, b in zip(ts, ts[1:], strict=False))
+    return {"e2e_s": e2e, "ttft_s": ttft, "tpot_s": tpot, "itl_s": itl,
+            "output_tokens": sum(len(ts) for ts in stamps.values())}
+
+
+def hf_iteration(model: Any, tokenizer: Any, requests: list[SampleRequest], output_len: int) -> dict[str, Any]:
+    from octavo.benchmarks.hf_backend import hf_latency_iteration
+
+    r = hf_latency_iteration(model, tokenizer, requests, output_len)
+    n = len(requests)
+    return {"e2e_s": r["e2e_s"], "ttft_s": [r["ttft_s"]] * n,
+            "tpot_s": [r["tpot_s"]] * n if r["tpot_s"] is not None else [],
+            "itl_s": r["itl_s"], "output_tokens": r["output_tokens"]}
+
+
+def summarize(iters: list[dict[str, Any]]) -> dict[str, float]:
+    ttft = [x for it in iters for x in it["ttft_s"]]
+    tpot = [x for it in iters for x in it["tpot_s"]]
+    itl = [x for it in iters for x in it["itl_s"]]
+    e2e = [it["e2e_s"] for it in iters]
+    s: dict[str, float] = {}
+    s.update(rep.percentiles(ttft, "ttft_ms", 1e3))
+    s.update(rep.percentiles(tpot, "tpot_ms", 1e3))
+    s.update(rep.percentiles(itl, "itl_ms", 1e3))
+    s.update(rep.percentiles(e2e, "e2e_s"))
+    s["output_tok_per_s"] = sum(it["output_tokens"] for it in iters) / sum(e2e)
+    s["output_tokens_per_iter"] = float(iters[-1]["output_tokens"])
+    return {k: v for k, v in s.items() if not k.startswith(("min_", "max_", "std_"))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    backends = parse_backends(args.backend)
+    for name in ("batch_size", "input_len", "output_len", "num_iters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if args.num_iters_warmup < 0:
+        raise ValueError(f"--num-iters-warmup must be >= 0; got {args.num_iters_warmup}")
+    config = engine_config(args)
+    mc = config.model_config
+    if args.input_len + args.output_len > mc.max_model_len:
+        raise ValueError(f"--input-len + --output-len must be <= max_model_len ({mc.max_model_len})")
+    tokenizer = load_tokenizer(config)
+    vocab, special = len(tokenizer), special_ids(tokenizer)
+
+    results: dict[str, Any] = {}
+    env_extra: dict[str, Any] = setup_run(args)
+    llm = hf_model = None
+    if "octavo" in backends:
+        llm, startup = make_llm(args)
+        env_extra.update(rep.engine_facts(llm.llm_engine))
+        results["octavo"] = {"summary": {"model_load_s": llm.llm_engine.core.runner.load_seconds,
+                                         "startup_s": startup}, "iterations": []}
+    if "hf" in backends:
+        from octavo.benchmarks.hf_backend import load_hf_model
+
+        hf_model, load_s = load_hf_model(mc.model, mc.dtype, mc.load_format, mc.seed)
+        env_extra["hf_attn_implementation"] = getattr(hf_model.config, "_attn_implementation", None)
+        results["hf"] = {"summary": {"model_load_s": load_s, "startup_s": load_s}, "iterations": []}
+
+    def one(b: str, reqs: list[SampleRequest]) -> dict[str, Any]:
+        if b == "octavo":
+            return octavo_iteration(llm.llm_engine, reqs, args.output_len)
+        return hf_iteration(hf_model, tokenizer, reqs, args.output_len)
+
+    from tqdm.auto import tqdm
+
+    total = args.num_iters_warmup + args.num_iters
+    bar = tqdm(total=total * len(backends), desc="latency iterations", disable=args.disable_tqdm,
+               dynamic_ncols=True)
+    for it in range(total):
+        reqs = random_requests(args.batch_size, args.input_len, args.output_len, vocab,
+                               seed=args.seed + 1 + it, exclude_ids=special)
+        for b in backends:
+            out = one(b, reqs)
+            bar.update(1)
+            if it < args.num_iters_warmup:
+                continue
+            expected = args.batch_size * args.output_len
+            if out["output_tokens"] != expected:
+                logger.warning("%s produced %d output tokens, expected %d", b, out["output_tokens"], expected)
+            results[b]["iterations"].append(out)
+    bar.close()
+
+    for b in backends:
+        res = results[b]
+        res["summary"] = {**summarize(res["iterations"]), **res["summary"]}
+        res["iterations"] = [
+            {"e2e_s": it["e2e_s"], "ttft_s": it["ttft_s"], "tpot_s": it["tpot_s"],
+             "output_tokens": it["output_tokens"]}
+            for it in res["iterations"]
+        ]
+        res["runs"] = res.pop("iterations")
+
+    if len(backends) == 2:
+        # Iterations of both backends ran back to back on the same prompts: pair them.
+        results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "e2e_s")
+    report = rep.make_report("latency", args, results, rep.collect_environment(env_extra))
+    rep.print_summary(
+        f"latency: batch {args.batch_size}, {args.input_len} in + {args.output_len} out, "
+        f"{args.num_iters} iterations after {args.num_iters_warmup} warm-up, model {mc.model}",
+        report["results"], report.get("ratios"),
+    )
+    if "paired" in results:
+        per = ", ".join(f"{x:.2f}x" for x in results["paired"]["per_repeat"])
+        print(f"octavo / hf end-to-end latency per iteration: {per} (median {results['paired']['median']:.2f}x)")
+    return rep.finish(report, args)
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

@@ -1,0 +1,172 @@
+"""``octavo bench throughput``: offline throughput of the whole engine.
+
+All requests are submitted at once (``LLM.generate``); greedy, ``ignore_eos`` and
+``min_tokens = max_tokens`` so every request produces exactly its output length. Model load
+and engine startup are timed separately and excluded from the throughput numbers. A warm-up
+generate runs before timing. With ``--backend octavo,hf`` the same requests also go through
+HF transformers ``generate`` in the same process and the report carries octavo / hf ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import Any
+
+from octavo.benchmarks import report as rep
+from octavo.benchmarks.common import (
+    add_backend_args,
+    engine_config,
+    load_tokenizer,
+    make_llm,
+    median_run,
+    paired_ratios,
+    parse_backends,
+    setup_run,
+)
+from octavo.benchmarks.datasets import SampleRequest, get_requests, random_requests, special_ids
+
+logger = logging.getLogger(__name__)
+
+SUMMARY_KEYS = [
+    "requests_per_s", "input_tok_per_s", "output_tok_per_s", "total_tok_per_s", "wall_s",
+]
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    from octavo.config import EngineArgs
+
+    parser.add_argument("--dataset", default="random",
+                        help="random (token ids of exact lengths), sharegpt (the small synthetic "
+                             "file that ships), or a path to a ShareGPT-format JSON file")
+    parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (random)")
+    parser.add_argument("--output-len", type=int, default=None,
+                        help="output tokens per request (random: default 128; ShareGPT: default "
+                             "the reference completion's length)")
+    parser.add_argument("--num-prompts", type=int, default=32)
+    add_backend_args(parser)
+    rep.add_report_args(parser)
+    EngineArgs.add_cli_args(parser)
+
+
+def _sampling_params(n: int) -> Any:
+    from octavo.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True)
+
+
+def _octavo_prompt(r: SampleRequest) -> Any:
+    return {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else r.prompt
+
+
+def run_octavo_once(llm: Any, requests: list[SampleRequest], use_tqdm: bool) -> dict[str, Any]:
+    prompts = [_octavo_prompt(r) for r in requests]
+    params = [_sampling_params(r.expected_output_len) for r in requests]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=use_tqdm)
+    wall = time.perf_counter() - t0
+    return {
+        "wall_s": wall,
+        "prompt_tokens": sum(len(o.prompt_token_ids) for o in outs),
+        "output_tokens": sum(len(c.token_ids) for o in outs for c in o.outputs),
+    }
+
+
+def _rates(run: dict[str, Any], n: int) -> dict[str, Any]:
+    wall = run["wall_s"]
+    run["num_requests"] = n
+    run["requests_per_s"] = n / wall
+    run["input_tok_per_s"] = run["prompt_tokens"] / wall
+    run["output_tok_per_s"] = run["output_tokens"] / wall
+    run["total_tok_per_s"] = (run["prompt_tokens"] + run["output_tokens"]) / wall
+    return run
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    backends = parse_backends(args.backend)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1; got {args.repeats}")
+    config = engine_config(args)
+    mc = config.model_config
+    tokenizer = load_tokenizer(config)
+    use_tqdm = not args.disable_tqdm
+
+    def workload(r: int) -> list[SampleRequest]:
+        # A fresh sample per repeat, so the prefix cache never turns a repeat into a replay.
+        return get_requests(args.dataset, tokenizer, args.num_prompts, args.input_len,
+                            args.output_len, seed=args.seed + 1 + r, max_model_len=mc.max_model_len)
+
+    results: dict[str, Any] = {}
+    env_extra: dict[str, Any] = setup_run(args)
+    llm = hf_model = None
+    if "octavo" in backends:
+        llm, startup = make_llm(args)
+        env_extra.update(rep.engine_facts(llm.llm_engine))
+        results["octavo"] = {"summary": {"model_load_s": llm.llm_engine.core.runner.load_seconds,
+                                         "startup_s": startup}, "runs": []}
+    if "hf" in backends:
+        from octavo.benchmarks.hf_backend import load_hf_model
+
+        hf_model, load_s = load_hf_model(mc.model, mc.dtype, mc.load_format, mc.seed)
+        env_extra["hf_attn_implementation"] = getattr(hf_model.config, "_attn_implementation", None)
+        results["hf"] = {"summary": {"model_load_s": load_s, "startup_s": load_s}, "runs": [],
+                         "batch_size": args.hf_batch_size or args.num_prompts}
+
+    # Warm-up: the workload's batch shape with a few output tokens, different ids.
+    warm_len = args.input_len if args.dataset == "random" else 32
+    warm = random_requests(args.num_prompts, min(warm_len, mc.max_model_len - 4), 4, len(tokenizer),
+                           seed=10_000 + args.seed, exclude_ids=special_ids(tokenizer))
+    for b in backends:
+        t0 = time.perf_counter()
+        if b == "octavo":
+            run_octavo_once(llm, warm, use_tqdm=False)
+        else:
+            from octavo.benchmarks.hf_backend import hf_throughput
+
+            hf_throughput(hf_model, tokenizer, warm, disable_tqdm=True)
+        results[b]["warmup_s"] = time.perf_counter() - t0
+
+    for r in range(args.repeats):
+        reqs = workload(r)
+        expected = sum(x.expected_output_len for x in reqs)
+        for b in backends:
+            if b == "octavo":
+                one = run_octavo_once(llm, reqs, use_tqdm)
+            else:
+                from octavo.benchmarks.hf_backend import hf_throughput
+
+                one = hf_throughput(hf_model, tokenizer, reqs, args.hf_batch_size, not use_tqdm)
+            one = _rates(one, len(reqs))
+            one["repeat"] = r
+            one["expected_output_tokens"] = expected
+            if one["output_tokens"] != expected:
+                logger.warning("%s produced %d output tokens, expected %d", b, one["output_tokens"], expected)
+            results[b]["runs"].append(one)
+
+    for b in backends:
+        res = results[b]
+        med = median_run(res["runs"], "output_tok_per_s")
+        summary = {k: float(med[k]) for k in SUMMARY_KEYS}
+        summary["num_requests"] = float(med["num_requests"])
+        summary["total_input_tokens"] = float(med["prompt_tokens"])
+        summary["total_output_tokens"] = float(med["output_tokens"])
+        summary.update(res["summary"])  # load and startup times, measured before the runs
+        res["summary"] = summary
+
+    if len(backends) == 2:
+        results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "output_tok_per_s")
+    report = rep.make_report("throughput", args, results, rep.collect_environment(env_extra))
+    rep.print_summary(
+        f"throughput: {args.num_prompts} requests, dataset {args.dataset}, model {mc.model}",
+        report["results"], report.get("ratios"),
+    )
+    if "paired" in results:
+        per = ", ".join(f"{x:.2f}x" for x in results["paired"]["per_repeat"])
+        print(f"octavo / hf output tok/s per repeat: {per} (median {results['paired']['median']:.2f}x)")
+    return rep.finish(report, args)
+
+
+def main(args: argparse.Namespace) -> int:
+    run(args)
+    return 0

@@ -1,0 +1,280 @@
+"""``AsyncLLM``: the asyncio front of the engine, used by the OpenAI server.
+
+It lives in the API process: the input ``Processor`` tokenizes and validates, an engine core
+client (``core_client``) carries requests to the engine core (its own process, or a thread
+with ``OCTAVO_ENGINE_INPROC=1``), and one output task turns the core's token ids into
+``RequestOutput``s (``OutputProcessor``, incremental detokenization, stop strings) and hands
+them to each request's queue. Validation errors raise ``ValueError`` before anything is
+scheduled; an engine that dies fails every request in flight with ``EngineDeadError``.
+
+Usage::
+
+    engine = await AsyncLLM.from_engine_args(EngineArgs(model=...))
+    stream = await engine.add_request("id-1", "Hello", SamplingParams(max_tokens=8))
+    async for out in stream:      # DELTA outputs by default
+        ...
+    await engine.shutdown()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from octavo.config import EngineArgs, OctavoConfig
+from octavo.core.outputs import EngineCoreOutput, SchedulerStats
+from octavo.engine.core_client import EngineCoreClient, EngineDeadError, make_client
+from octavo.engine.llm_engine import load_tokenizer
+from octavo.engine.output_processor import OutputKind, OutputProcessor
+from octavo.engine.processor import Processor, PromptType
+from octavo.outputs import RequestOutput
+from octavo.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncLLM", "EngineDeadError", "RequestStream", "ShuttingDownError", "StatLogger"]
+
+
+class ShuttingDownError(RuntimeError):
+    """The server is stopping; requests still in flight are aborted with this."""
+
+
+class StatLogger(Protocol):
+    """What ``AsyncLLM`` reports (``octavo.metrics.ServerMetrics`` implements it)."""
+
+    def record_scheduler_stats(self, stats: SchedulerStats) -> None: ...
+    def record_first_token(self, ttft_s: float, num_prompt_tokens: int) -> None: ...
+    def record_tokens(self, num_tokens: int, inter_token_s: float | None) -> None: ...
+    def record_finished(self, finish_reason: str | None, e2e_s: float) -> None: ...
+
+
+class _Tracked:
+    __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last")
+
+    def __init__(self, num_prompt_tokens: int, child_ids: list[str]) -> None:
+        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.arrival = time.monotonic()
+        self.first_token_time: float | None = None
+        self.num_prompt_tokens = num_prompt_tokens
+        self.child_last: dict[str, float | None] = dict.fromkeys(child_ids)
+
+
+class RequestStream:
+    """Async iterator over one request's outputs; leaving it early aborts the request."""
+
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self.finished = False
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                if item.finished:
+                    self.finished = True
+                yield item
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Stop the request in the engine (frees its blocks); no-op once it finished."""
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+
+
+class AsyncLLM:
+    def __init__(
+        self,
+        config: OctavoConfig,
+        client: EngineCoreClient,
+        tokenizer,
+        stat_logger: StatLogger | None = None,
+    ) -> None:
+        self.config = config
+        self.model_config = config.model_config
+        self.tokenizer = tokenizer
+        self.client = client
+        self.stat_logger = stat_logger
+        self.processor = Processor(config, tokenizer)
+        self.output_processor = OutputProcessor(tokenizer)
+        self.requests: dict[str, _Tracked] = {}
+        self.last_stats: SchedulerStats | None = None
+        self._output_task: asyncio.Task | None = None
+
+    @classmethod
+    async def from_engine_args(
+        cls,
+        engine_args: EngineArgs,
+        inproc: bool | None = None,
+        stat_logger: StatLogger | None = None,
+        config: OctavoConfig | None = None,
+    ) -> AsyncLLM:
+        """Start the engine core (a process unless ``inproc``) and wait until it is ready.
+
+        ``config`` is ``engine_args.create_engine_config()`` when the caller already built it.
+        """
+        if config is None:
+            config = engine_args.create_engine_config()
+        tokenizer = load_tokenizer(config.model_config.tokenizer)
+        client = make_client(config, engine_args, inproc)
+        await client.start()
+        engine = cls(config, client, tokenizer, stat_logger)
+        engine.processor.kv_cache_tokens = client.engine_info.get("kv_cache_tokens")
+        engine._output_task = asyncio.create_task(engine._output_loop(), name="octavo-output-handler")
+        return engine
+
+    # -- health ---------------------------------------------------------------------------
+    @property
+    def is_dead(self) -> bool:
+        return self.client.is_dead
+
+    @property
+    def dead_reason(self) -> str | None:
+        return self.client.dead_reason
+
+    def check_health(self) -> None:
+        if self.client.is_dead:
+            raise EngineDeadError(self.client.dead_reason)
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self.client.engine_info.get("pid")
+
+    # -- requests -------------------------------------------------------------------------
+    async def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        output_kind: OutputKind = OutputKind.DELTA,
+    ) -> RequestStream:
+        """Validate and submit; raises ``ValueError`` (bad input) or ``EngineDeadError``."""
+        self.check_health()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, ids, reqs = self.processor.make_requests(
+            request_id, prompt, params, None, priority, cache_salt
+        )
+        self.output_processor.add_request(request_id, text, ids, reqs, output_kind)
+        tracked = _Tracked(len(ids), [r.request_id for r in reqs])
+        self.requests[request_id] = tracked
+        try:
+            self.client.add_requests(reqs)
+        except BaseException:
+            self.abort(request_id)
+            raise
+        return RequestStream(self, request_id, tracked.queue)
+
+    async def generate(
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        output_kind: OutputKind = OutputKind.DELTA,
+    ) -> AsyncIterator[RequestOutput]:
+        """vLLM-style: an async generator of outputs (validation errors raise on first use)."""
+        stream = await self.add_request(request_id, prompt, params, priority, cache_salt, output_kind)
+        async for out in stream:
+            yield out
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request here and abort its samples in the engine core."""
+        self.requests.pop(request_id, None)
+        self.client.abort_requests(self.output_processor.abort(request_id))
+
+    def _fail(self, request_id: str, exc: BaseException) -> None:
+        tracked = self.requests.get(request_id)
+        self.abort(request_id)
+        if tracked is not None:
+            tracked.queue.put_nowait(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for rid in list(self.requests):
+            self._fail(rid, exc)
+
+    def abort_all(self, reason: str = "the server is shutting down") -> int:
+        """Abort every request in flight; their streams raise ``ShuttingDownError``."""
+        n = len(self.requests)
+        self._fail_all(ShuttingDownError(reason))
+        return n
+
+    # -- outputs --------------------------------------------------------------------------
+    async def _output_loop(self) -> None:
+        while True:
+            try:
+                outputs, stats = await self.client.get_output()
+            except EngineDeadError as e:
+                self._fail_all(e)
+                return
+            try:
+                self._process(outputs, stats)
+            except Exception as e:  # a bug while processing: fail what is in flight, keep serving
+                logger.exception("output processing failed")
+                self._fail_all(RuntimeError(f"output processing failed: {e!r}"))
+
+    def _process(self, outputs: list[EngineCoreOutput], stats: SchedulerStats | None) -> None:
+        now = time.monotonic()
+        sl = self.stat_logger
+        op = self.output_processor
+        live: list[EngineCoreOutput] = []
+        for o in outputs:
+            parent = op.child_to_parent.get(o.request_id)
+            tracked = self.requests.get(parent) if parent is not None else None
+            if tracked is None:
+                continue  # aborted (or stopped by a stop string) while the engine stepped
+            if o.error is not None:
+                self._fail(parent, ValueError(o.error))
+                continue
+            if o.new_token_ids:
+                if tracked.first_token_time is None:
+                    tracked.first_token_time = now
+                    if sl is not None:
+                        sl.record_first_token(now - tracked.arrival, tracked.num_prompt_tokens)
+                last = tracked.child_last.get(o.request_id)
+                tracked.child_last[o.request_id] = now
+                if sl is not None:
+                    itl = None if last is None else (now - last) / len(o.new_token_ids)
+                    sl.record_tokens(len(o.new_token_ids), itl)
+            live.append(o)
+        if live:
+            request_outputs, to_abort = op.process_outputs(live)
+            if to_abort:
+                self.client.abort_requests(to_abort)
+            for ro in request_outputs:
+                tracked = self.requests.get(ro.request_id)
+                if tracked is None:
+                    continue
+                tracked.queue.put_nowait(ro)
+                if ro.finished:
+                    del self.requests[ro.request_id]
+                    if sl is not None:
+                        reason = ro.outputs[0].finish_reason if ro.outputs else None
+                        sl.record_finished(reason, now - tracked.arrival)
+        if stats is not None:
+            self.last_stats = stats
+            if sl is not None:
+                sl.record_scheduler_stats(stats)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Abort what is in flight and stop the engine core."""
+        self.abort_all()
+        if self._output_task is not None:
+            self._output_task.cancel()
+        await self.client.shutdown(timeout_s)

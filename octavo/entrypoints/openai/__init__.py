@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server (``octavo serve``): FastAPI app, protocol models, serving code."""

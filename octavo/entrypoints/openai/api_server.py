@@ -1,0 +1,215 @@
+"""The OpenAI-compatible HTTP server (FastAPI + uvicorn): ``octavo serve``.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``POST /tokenize``, ``POST /detokenize``, ``GET /health`` (503 once the engine is dead),
+``GET /metrics`` (Prometheus), ``GET /version``, OpenAPI docs at ``/docs``.
+
+``run_server`` starts the engine core first (its own process unless ``OCTAVO_ENGINE_INPROC=1``),
+then uvicorn. On SIGTERM/SIGINT uvicorn stops accepting connections and waits up to
+``--shutdown-timeout`` seconds for responses in flight (then cancels them, which aborts their
+requests); then the engine process is stopped and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from octavo import __version__, envs
+from octavo.engine.async_llm import AsyncLLM
+from octavo.engine.core_client import EngineStartupError
+from octavo.entrypoints.openai.cli_args import DEFAULT_MAX_REQUEST_BYTES
+from octavo.entrypoints.openai.errors import OpenAIError, engine_dead_error, install_error_handlers
+from octavo.entrypoints.openai.http_utils import APIKeyMiddleware, BodySizeLimitMiddleware
+from octavo.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
+from octavo.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
+from octavo.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from octavo.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 500)
+}
+
+
+def build_app(
+    engine: AsyncLLM,
+    served_model_name: str | None = None,
+    *,
+    api_key: str | None = None,
+    chat_template: str | None = None,
+    metrics: ServerMetrics | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> FastAPI:
+    name = served_model_name or engine.model_config.served_model_name
+    app = FastAPI(
+        title="octavo",
+        version=__version__,
+        summary="OpenAI-compatible API of the octavo inference engine",
+        responses=_ERRORS,
+    )
+    install_error_handlers(app)
+    completions = OpenAIServingCompletion(engine, name)
+    chat = OpenAIServingChat(engine, name, chat_template)
+    app.state.engine = engine
+    app.state.metrics = metrics
+
+    @app.post("/v1/completions", tags=["OpenAI"])
+    async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+        return await completions.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions", tags=["OpenAI"])
+    async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await chat.create_chat_completion(request, raw_request)
+
+    @app.get("/v1/models", tags=["OpenAI"])
+    async def list_models() -> ModelList:
+        mc = engine.model_config
+        return ModelList(data=[ModelCard(id=name, root=mc.model, max_model_len=mc.max_model_len)])
+
+    @app.post("/tokenize", tags=["utilities"])
+    async def tokenize(request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
+        completions.check_model(request.model)
+        if isinstance(request, TokenizeChatRequest):
+            ids = chat.render(
+                request.messages, request.add_generation_prompt, request.continue_final_message,
+                request.add_special_tokens, request.chat_template_kwargs,
+            )["prompt_token_ids"]
+        else:
+            ids = engine.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+        return TokenizeResponse(count=len(ids), max_model_len=engine.model_config.max_model_len, tokens=ids)
+
+    @app.post("/detokenize", tags=["utilities"])
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        completions.check_model(request.model)
+        vocab = engine.model_config.vocab_size
+        for t in request.tokens:
+            if t >= vocab:
+                raise OpenAIError(f"tokens contains token id {t} outside [0, {vocab})", param="tokens")
+        return DetokenizeResponse(prompt=engine.tokenizer.decode(request.tokens))
+
+    @app.get("/health", tags=["utilities"], responses={503: {"model": ErrorResponse}})
+    async def health() -> Response:
+        if engine.is_dead:
+            err = engine_dead_error()
+            err.status = 503
+            err.err_type = "service_unavailable"
+            return err.response()
+        return Response(status_code=200)
+
+    @app.get("/metrics", tags=["utilities"], response_class=Response)
+    async def prometheus_metrics() -> Response:
+        body = metrics.render() if metrics is not None else b""
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version", tags=["utilities"])
+    async def version() -> VersionResponse:
+        return VersionResponse(version=__version__)
+
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    return app
+
+
+# -- CLI (flags in cli_args.py) ----------------------------------------------------------------
+class _Server(uvicorn.Server):
+    """uvicorn's server, plus: requests still running ``timeout_s`` after the shutdown began are
+    aborted in the engine, so their clients get a 503 (or an error event) instead of a cut."""
+
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLM, timeout_s: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.timeout_s = timeout_s
+
+    async def _abort_late(self) -> None:
+        await asyncio.sleep(self.timeout_s)
+        n = self.engine.abort_all()
+        if n:
+            logger.warning("shutdown: aborted %d request(s) still running after %.1fs", n, self.timeout_s)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        task = asyncio.create_task(self._abort_late())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            task.cancel()
+
+
+async def run_server(args: argparse.Namespace) -> int:
+    from octavo.config import EngineArgs
+
+    engine_args = EngineArgs.from_cli_args(args)
+    chat_template = load_chat_template(args.chat_template)
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1; got {args.max_request_bytes}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535]; got {args.port}")
+    config = engine_args.create_engine_config()  # fail fast on a bad flag, before any process starts
+    served = config.model_config.served_model_name
+    metrics = ServerMetrics(served)
+    engine = await AsyncLLM.from_engine_args(engine_args, stat_logger=metrics, config=config)
+    try:
+        app = build_app(
+            engine, served, api_key=args.api_key or envs.OCTAVO_API_KEY, chat_template=chat_template,
+            metrics=metrics, max_request_bytes=args.max_request_bytes,
+        )
+        uv_config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+            timeout_graceful_shutdown=args.shutdown_timeout + 5.0, lifespan="off", access_log=False,
+        )
+        server = _Server(uv_config, engine, args.shutdown_timeout)
+        # uvicorn re-raises the signal that stopped it once it is done; answer it with a no-op
+        # so that we get to stop the engine and exit 0.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: None)
+        logger.info("serving %r on http://%s:%d (engine pid %s)", served, args.host, args.port, engine.engine_pid)
+        await server.serve()
+        if not server.started:
+            return 1
+    finally:
+        await engine.shutdown()
+    logger.info("server stopped")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``octavo serve``: runs until SIGTERM/SIGINT, then exits the process.
+
+    Once the server and the engine have stopped cleanly the process leaves with ``os._exit``:
+    the interpreter's teardown of torch and friends adds seconds on a busy host and there is
+    nothing left to clean up.
+    """
+    try:
+        code = asyncio.run(run_server(args))
+    except KeyboardInterrupt:
+        code = 0
+    except EngineStartupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

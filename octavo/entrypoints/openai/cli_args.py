@@ -1,0 +1,28 @@
+"""Flags of ``octavo serve`` (kept free of FastAPI imports so ``octavo --help`` stays fast)."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    from octavo.config import EngineArgs
+
+    parser.add_argument("model", nargs="?", default=None,
+                        help="model folder or cached Hub id (default: the model shipped with octavo)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default loopback; use 0.0.0.0 to listen everywhere)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $OCTAVO_API_KEY)")
+    parser.add_argument("--chat-template", default=None,
+                        help="Jinja chat template (a file, or the template itself) replacing the tokenizer's")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="largest accepted request body; larger ones get 413")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds to let requests in flight finish after SIGTERM/SIGINT")
+    parser.add_argument("--uvicorn-log-level", default="warning",
+                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    EngineArgs.add_cli_args(parser, model_positional=True)

@@ -1,0 +1,207 @@
+"""``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template (or the
+server's ``--chat-template``), ``n`` samples, streamed as ``chat.completion.chunk`` events or
+answered in one body. Text content only; tool calling is refused with a 400."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from octavo.engine.async_llm import AsyncLLM, RequestStream
+from octavo.engine.output_processor import OutputKind
+from octavo.entrypoints.openai.errors import OpenAIError, sse_error
+from octavo.entrypoints.openai.http_utils import (
+    ClientDisconnected,
+    SSEResponse,
+    run_until_disconnect,
+)
+from octavo.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatMessage,
+    ChatResponseMessage,
+    UsageInfo,
+    random_id,
+)
+from octavo.entrypoints.openai.serving_engine import OpenAIServing, merge_streams
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file holding a Jinja template, or the template itself."""
+    if value is None:
+        return None
+    import os
+
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" in value:
+        return value
+    raise ValueError(f"--chat-template (chat_template): {value!r} is neither a file nor a Jinja template")
+
+
+class OpenAIServingChat(OpenAIServing):
+    def __init__(self, engine: AsyncLLM, served_model_name: str, chat_template: str | None = None) -> None:
+        super().__init__(engine, served_model_name)
+        self.chat_template = chat_template
+
+    def _conversation(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
+        conv = []
+        for i, m in enumerate(messages):
+            content = m.content
+            if isinstance(content, list):
+                parts = []
+                for part in content:
+                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                        raise OpenAIError(
+                            f"messages[{i}].content: only text parts are supported, got type "
+                            f"{part.get('type')!r}", param=f"messages.{i}.content",
+                        )
+                    parts.append(part["text"])
+                content = "\n".join(parts)
+            d = {k: v for k, v in m.model_dump(exclude_none=True).items() if k != "content"}
+            d["content"] = content if content is not None else ""
+            conv.append(d)
+        return conv
+
+    def render(
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        add_special_tokens: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Messages -> ``{"prompt": text, "prompt_token_ids": ids}``; template errors are 400s."""
+        if add_generation_prompt and continue_final_message:
+            raise OpenAIError(
+                "add_generation_prompt and continue_final_message cannot both be true",
+                param="continue_final_message",
+            )
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        if not template:
+            raise OpenAIError("the model has no chat template (start the server with --chat-template)")
+        kwargs = dict(chat_template_kwargs or {})
+        for reserved in ("messages", "conversation", "tokenize", "chat_template", "add_generation_prompt",
+                         "continue_final_message", "return_dict"):
+            kwargs.pop(reserved, None)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                self._conversation(messages),
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **kwargs,
+            )
+        except OpenAIError:
+            raise
+        except Exception as e:  # jinja2 TemplateError, ValueError from transformers, ...
+            raise OpenAIError(f"cannot apply the chat template: {e}", param="messages") from None
+        if not isinstance(text, str):
+            raise OpenAIError("the chat template did not render to text", param="messages")
+        return self.tokenize_text(text, add_special_tokens)
+
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        if req.tools and req.tool_choice != "none":
+            raise OpenAIError("tool calling is not supported", param="tools")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise OpenAIError("only response_format type 'text' is supported", param="response_format")
+        if req.top_logprobs and not req.logprobs:
+            raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        prompt = self.render(
+            req.messages, req.add_generation_prompt, req.continue_final_message, req.add_special_tokens,
+            req.chat_template_kwargs,
+        )
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        params = self.sampling_params(req, max_tokens, logprobs)
+        request_id = req.request_id or random_id("chatcmpl")
+        kind = OutputKind.DELTA if req.stream else OutputKind.FINAL_ONLY
+        streams = await self.submit(request_id, [prompt], params, req, kind)
+        created = int(time.time())
+        if req.stream:
+            return SSEResponse(self._stream(req, request_id, created, streams))
+        try:
+            (out,) = await run_until_disconnect(raw, self.final_outputs(streams))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        choices = []
+        completion_tokens = 0
+        for c in out.outputs:
+            completion_tokens += len(c.token_ids)
+            lps = None
+            if logprobs is not None and c.logprobs is not None:
+                lps = ChatLogprobs(content=self.chat_logprobs(c.token_ids, c.logprobs, logprobs))
+            choices.append(
+                ChatChoice(
+                    index=c.index, message=ChatResponseMessage(content=c.text), logprobs=lps,
+                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                )
+            )
+        prompt_tokens = len(out.prompt_token_ids)
+        resp = ChatCompletionResponse(
+            id=request_id, created=created, model=self.served_model_name, choices=choices,
+            usage=UsageInfo(
+                prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                total_tokens=prompt_tokens + completion_tokens,
+            ),
+        )
+        return JSONResponse(resp.model_dump(mode="json"))
+
+    async def _stream(
+        self, req: ChatCompletionRequest, request_id: str, created: int, streams: list[RequestStream]
+    ) -> AsyncIterator[str]:
+        n = req.n or 1
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        num = (req.top_logprobs or 0) if req.logprobs else None
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                "model": self.served_model_name}
+
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
+            return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
+
+        done: set[int] = set()
+        prompt_tokens = completion_tokens = 0
+        try:
+            yield chunk([
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(n)
+            ])
+            async for _, out in merge_streams(streams):
+                prompt_tokens = len(out.prompt_token_ids)
+                for c in out.outputs:
+                    if c.index in done or not (c.text or c.token_ids or c.finish_reason):
+                        continue
+                    completion_tokens += len(c.token_ids)
+                    lps = None
+                    if num is not None and c.logprobs:
+                        content = self.chat_logprobs(c.token_ids, c.logprobs, num)
+                        lps = {"content": [x.model_dump() for x in content]}
+                    if not c.text and lps is None and not c.finish_reason:
+                        continue
+                    delta = {"content": c.text} if c.text else {}
+                    if c.finish_reason:
+                        done.add(c.index)
+                    yield chunk([{
+                        "index": c.index, "delta": delta, "logprobs": lps,
+                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                    }])
+            if include_usage:
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + completion_tokens}
+                yield chunk([], usage=usage)
+        except Exception as e:
+            yield sse_error(e)
+        finally:
+            for s in streams:
+                s.abort()
+        yield "data: [DONE]\n\n"

@@ -1,0 +1,185 @@
+"""One spawned worker process per device; the driver never joins a collective.
+
+Each step the driver sends the msgpack-encoded ``SchedulerOutput`` to every worker over a
+pipe and waits for all replies (rank 0's carries the sampled tokens, the others an ack),
+watching the worker processes' sentinels at the same time: a worker that dies makes the
+driver raise ``WorkerDiedError`` within a poll interval instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from multiprocessing.connection import Connection, wait
+
+from octavo.config import OctavoConfig
+from octavo.executor import messages
+from octavo.executor.abstract import Executor, WorkerDiedError
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker_main(config_args: dict, rank: int, init_method: str, conn: Connection) -> None:
+    """Entry point of a worker process: build the worker, then serve calls until shutdown."""
+    try:
+        from octavo.config import EngineArgs
+        from octavo.logger import configure_logging
+        from octavo.worker.worker import Worker
+
+        configure_logging()
+        config = EngineArgs(**config_args).create_engine_config()
+        worker = Worker(config, rank=rank, local_rank=rank, init_method=init_method)
+        conn.send_bytes(messages.pack(["ok", worker.info()]))
+    except BaseException as e:  # report, then exit: the driver raises
+        conn.send_bytes(messages.pack(["error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]))
+        return
+    while True:
+        try:
+            method, arg = messages.unpack(conn.recv_bytes())
+        except EOFError:
+            return
+        try:
+            if method == "shutdown":
+                worker.shutdown()
+                conn.send_bytes(messages.pack(["ok", None]))
+                return
+            if method == "execute_model":
+                out = worker.execute_model(messages.decode_scheduler_output(arg))
+                result = None if out is None else messages.encode_runner_output(out)
+            elif method == "determine_num_blocks":
+                result = worker.determine_num_blocks()
+            elif method == "initialize_kv_cache":
+                worker.initialize_kv_cache(arg)
+                result = None
+            else:
+                raise ValueError(f"unknown worker method {method!r}")
+            conn.send_bytes(messages.pack(["ok", result]))
+        except BaseException as e:
+            conn.send_bytes(messages.pack(["error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]))
+
+
+def engine_args_dict(config: OctavoConfig) -> dict:
+    """Rebuild the EngineArgs that produce ``config`` (workers re-derive it themselves)."""
+    mc, cc, sc, pc = config.model_config, config.cache_config, config.scheduler_config, config.parallel_config
+    return dict(
+        model=mc.model, tokenizer=mc.tokenizer, dtype=str(mc.dtype).removeprefix("torch."),
+        max_model_len=mc.max_model_len, seed=mc.seed, load_format=mc.load_format,
+        block_size=cc.block_size, enable_prefix_caching=cc.enable_prefix_caching,
+        num_gpu_blocks_override=cc.num_gpu_blocks_override,
+        gpu_memory_utilization=cc.gpu_memory_utilization, kv_cache_dtype=cc.kv_cache_dtype,
+        max_num_batched_tokens=sc.max_num_batched_tokens, max_num_seqs=sc.max_num_seqs,
+        scheduling_policy=sc.policy, long_prefill_token_threshold=sc.long_prefill_token_threshold,
+        enable_chunked_prefill=sc.enable_chunked_prefill,
+        tensor_parallel_size=pc.tensor_parallel_size,
+        distributed_executor_backend=pc.distributed_executor_backend,
+        enforce_eager=config.enforce_eager,
+    )
+
+
+class MultiprocExecutor(Executor):
+    def __init__(self, config: OctavoConfig) -> None:
+        world = config.parallel_config.tensor_parallel_size
+        ctx = mp.get_context("spawn")
+        init_method = os.environ.get("OCTAVO_DIST_INIT_METHOD") or f"tcp://127.0.0.1:{_free_port()}"
+        args = engine_args_dict(config)
+        self.procs: list[mp.Process] = []
+        self.conns: list[Connection] = []
+        for rank in range(world):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker_main, args=(args, rank, init_method, child), daemon=True, name=f"octavo-worker-{rank}")
+            p.start()
+            child.close()
+            self.procs.append(p)
+            self.conns.append(parent)
+        infos = self._collect(timeout=None)
+        self.attn_backend_name = infos[0]["attn_backend"]
+        self.model_bytes = sum(i["model_bytes"] for i in infos)
+        logger.info("started %d tensor-parallel workers (%s)", world, init_method)
+
+    def _collect(self, timeout: float | None) -> list:
+        """Wait for one reply per worker; raise if a worker errors or dies."""
+        pending = dict(enumerate(self.conns))
+        results: list = [None] * len(self.conns)
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self.procs)}
+        while pending:
+            ready = wait(list(pending.values()) + list(sentinels), timeout=POLL_S)
+            for obj in ready:
+                if obj in sentinels:
+                    rank = sentinels.pop(obj)
+                    if rank in pending and not self.conns[rank].poll():
+                        self._fail(f"tensor-parallel worker {rank} died (exit code {self.procs[rank].exitcode})")
+                    continue
+                rank = next(r for r, c in pending.items() if c is obj)
+                try:
+                    status, value = messages.unpack(obj.recv_bytes())
+                except EOFError:
+                    self._fail(f"tensor-parallel worker {rank} closed its pipe (exit code {self.procs[rank].exitcode})")
+                if status == "error":
+                    self._fail(f"tensor-parallel worker {rank} failed: {value}")
+                results[rank] = value
+                del pending[rank]
+        return results
+
+    def _fail(self, msg: str) -> None:
+        logger.error(msg)
+        self.shutdown(graceful=False)
+        raise WorkerDiedError(msg)
+
+    def _call(self, method: str, arg=None) -> list:
+        data = messages.pack([method, arg])
+        for rank, c in enumerate(self.conns):
+            try:
+                c.send_bytes(data)
+            except (BrokenPipeError, OSError):
+                self._fail(f"tensor-parallel worker {rank} is gone (exit code {self.procs[rank].exitcode})")
+        return self._collect(timeout=None)
+
+    def determine_num_blocks(self) -> int:
+        return min(self._call("determine_num_blocks"))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self._call("initialize_kv_cache", num_blocks)
+
+    def execute_model(self, so):
+        out = self._call("execute_model", messages.encode_scheduler_output(so))[0]
+        return messages.decode_runner_output(out)
+
+    def check_health(self) -> None:
+        for rank, p in enumerate(self.procs):
+            if not p.is_alive():
+                raise WorkerDiedError(f"tensor-parallel worker {rank} died (exit code {p.exitcode})")
+
+    def shutdown(self, graceful: bool = True) -> None:
+        procs, self.procs = getattr(self, "procs", []), []
+        if graceful:
+            for c, p in zip(self.conns, procs, strict=False):
+                if p.is_alive():
+                    try:
+                        c.send_bytes(messages.pack(["shutdown", None]))
+                    except OSError:
+                        pass
+        for p in procs:
+            p.join(timeout=5 if graceful else 0.5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+        for c in self.conns:
+            c.close()
+        self.conns = []
+
+    def __del__(self):
+        try:
+            self.shutdown(graceful=False)
+        except Exception:
+            pass

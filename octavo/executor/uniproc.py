@@ -1,0 +1,28 @@
+"""One worker in the engine process."""
+
+from __future__ import annotations
+
+from octavo.config import OctavoConfig
+from octavo.executor.abstract import Executor
+from octavo.worker.worker import Worker
+
+
+class UniProcExecutor(Executor):
+    def __init__(self, config: OctavoConfig) -> None:
+        self.worker = Worker(config)
+        info = self.worker.info()
+        self.attn_backend_name = info["attn_backend"]
+        self.model_bytes = info["model_bytes"]
+
+    @property
+    def runner(self):
+        return self.worker.runner
+
+    def determine_num_blocks(self) -> int:
+        return self.worker.determine_num_blocks()
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, so):
+        return self.worker.execute_model(so)

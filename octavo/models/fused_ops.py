@@ -1,0 +1,156 @@
+"""Fused GPU versions of the small per-layer ops: RMSNorm(+residual), SiLU·mul, RoPE.
+
+Each is one Triton launch where eager torch takes several, and each rounds exactly where the
+eager op in ``layers.py`` rounds (to the model dtype between the same steps), so bf16/fp16
+results match eager torch up to float32 reduction order. ``layers.py`` calls these only for
+CUDA/ROCm tensors when triton imports; CPU runs (and the fp32 HF-equivalence tests) keep the
+plain torch path. Set ``ENABLED = False`` to compare against eager.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+ENABLED = True
+
+
+def usable(x: torch.Tensor) -> bool:
+    return ENABLED and x.is_cuda
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    stride_x, stride_r, stride_o, stride_ro,
+    n, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(x.dtype)  # rounded like eager x + residual
+        tl.store(res_out_ptr + row * stride_ro + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    var = tl.sum(h * h, axis=0) / n
+    h = (h * tl.rsqrt(var + eps)).to(x.dtype)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    y = (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+):
+    """``norm(x)`` or ``(norm(x + residual), x + residual)``, like ``layers.RMSNorm``."""
+    shape = x.shape
+    n = shape[-1]
+    x2 = x.reshape(-1, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out_dtype = torch.promote_types(weight.dtype, x.dtype)
+    out = torch.empty((rows, n), dtype=out_dtype, device=x.device)
+    if residual is not None:
+        r2 = residual.reshape(-1, n)
+        res_out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    else:
+        r2 = res_out = x2
+    if rows:
+        block = triton.next_power_of_2(n)
+        _rms_norm_kernel[(rows,)](
+            x2, r2, weight, out, res_out,
+            x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
+            n, eps,
+            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )
+    out = out.view(shape)
+    return out if residual is None else (out, res_out.view(shape))
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    g = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    u = tl.load(x_ptr + row * stride_x + n + offs, mask=mask, other=0.0)
+    gf = g.to(tl.float32)
+    s = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)  # F.silu, rounded
+    y = (s.to(tl.float32) * u.to(tl.float32)).to(g.dtype)
+    tl.store(out_ptr + row * stride_o + offs, y, mask=mask)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    n = gate_up.shape[-1] // 2
+    x2 = gate_up.reshape(-1, 2 * n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
+    if rows:
+        block = min(1024, triton.next_power_of_2(n))
+        _silu_mul_kernel[(rows, triton.cdiv(n, block))](
+            x2, out, x2.stride(0), out.stride(0), n, BLOCK=block, num_warps=4
+        )
+    return out.view(*gate_up.shape[:-1], n)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, ko_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_kot, stride_cos,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    HP: tl.constexpr, DP: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, HP)
+    offs_d = tl.arange(0, DP)
+    d_ok = offs_d < HALF
+    c1 = tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    for which in tl.static_range(2):
+        if which == 0:
+            src, dst, st, sh, so, nh = q_ptr, qo_ptr, stride_qt, stride_qh, stride_qot, NUM_Q_HEADS
+        else:
+            src, dst, st, sh, so, nh = k_ptr, ko_ptr, stride_kt, stride_kh, stride_kot, NUM_K_HEADS
+        mask = (offs_h[:, None] < nh) & d_ok[None, :]
+        p1 = src + t * st + offs_h[:, None] * sh + offs_d[None, :]
+        x1 = tl.load(p1, mask=mask, other=0.0)
+        x2 = tl.load(p1 + HALF, mask=mask, other=0.0)
+        dt = x1.dtype
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        # Eager: x * cos + rotate_half(x) * sin, each product rounded to the model dtype.
+        y1 = ((f1 * c1[None, :]).to(dt).to(tl.float32) + (-f2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
+        y2 = ((f2 * c2[None, :]).to(dt).to(tl.float32) + (f1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
+        q1 = dst + t * so + offs_h[:, None] * (HALF * 2) + offs_d[None, :]
+        tl.store(q1, y1, mask=mask)
+        tl.store(q1 + HALF, y2, mask=mask)
+
+
+def rope(positions, q, k, cos, sin):
+    """Neox RoPE of ``q`` [T, H, D] and ``k`` [T, Hk, D]; returns new contiguous tensors."""
+    t, h, d = q.shape
+    hk = k.shape[1]
+    qo = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
+    if t:
+        assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1
+        _rope_kernel[(t,)](
+            q, k, cos, sin, positions, qo, ko,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
+            cos.stride(0),
+            NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
+            HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2),
+            num_warps=4,
+        )
+    return qo, ko

@@ -1,0 +1,205 @@
+"""NVIDIA GPUs through ``torch.cuda``: flash-attn or Triton attention, CUDA graphs, NCCL.
+
+Detection never creates a CUDA context: ``torch.cuda.device_count()`` asks NVML when pynvml is
+importable (and the driver otherwise), and the compute capability and device name come from NVML
+while CUDA is still uninitialised, so the API process can probe and then fork workers safely.
+The module-level ``_probe_*`` functions are the only places that look at the machine; tests
+simulate other machines by replacing them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from octavo.platforms.interface import Platform
+
+logger = logging.getLogger(__name__)
+
+
+# -- probes (replaced by tests that simulate other machines) ----------------------------------
+def _probe_hip_version() -> str | None:
+    return getattr(torch.version, "hip", None)
+
+
+def _probe_cuda_version() -> str | None:
+    return getattr(torch.version, "cuda", None)
+
+
+def _probe_device_count() -> int:
+    """Visible devices; NVML-based in torch when pynvml imports, never a context."""
+    return torch.cuda.device_count()
+
+
+def _physical_index(device_id: int) -> int | None:
+    """NVML index of logical device ``device_id`` under CUDA_VISIBLE_DEVICES (None: unknown)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return device_id
+    items = [v.strip() for v in visible.split(",") if v.strip()]
+    if device_id < len(items) and items[device_id].isdigit():
+        return int(items[device_id])
+    return None  # UUIDs / MIG ids: leave it to torch
+
+
+def _nvml_query(device_id: int, fn: Callable[[Any, Any], Any]) -> Any:
+    """Run ``fn(pynvml, handle)`` for a device, or return None when NVML cannot answer."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    index = _physical_index(device_id)
+    if index is None:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        return fn(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def _probe_capability(device_id: int = 0) -> tuple[int, int]:
+    if not torch.cuda.is_initialized():
+        cap = _nvml_query(device_id, lambda nv, h: nv.nvmlDeviceGetCudaComputeCapability(h))
+        if cap is not None:
+            return int(cap[0]), int(cap[1])
+    return torch.cuda.get_device_capability(device_id)
+
+
+def _probe_device_name(device_id: int = 0) -> str:
+    if not torch.cuda.is_initialized():
+        name = _nvml_query(device_id, lambda nv, h: nv.nvmlDeviceGetName(h))
+        if name is not None:
+            return name.decode() if isinstance(name, bytes) else str(name)
+    return torch.cuda.get_device_name(device_id)
+
+
+def _probe_total_memory(device_id: int = 0) -> int:
+    if not torch.cuda.is_initialized():
+        total = _nvml_query(device_id, lambda nv, h: nv.nvmlDeviceGetMemoryInfo(h).total)
+        if total is not None:
+            return int(total)
+    return torch.cuda.get_device_properties(device_id).total_memory
+
+
+class CudaLikePlatform(Platform):
+    """Device operations shared by the platforms that drive GPUs through ``torch.cuda``.
+
+    ROCm builds of torch expose HIP devices under the same ``torch.cuda`` API and the ``cuda``
+    device type, so the ROCm platform inherits these and changes only its choices.
+    """
+
+    device_type = "cuda"
+    auto_casts_float32 = True
+    supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128, 256)
+    default_block_size = 16
+
+    @classmethod
+    def device_count(cls) -> int:
+        return _probe_device_count()
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return _probe_device_name(device_id)
+
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> tuple[int, int] | None:
+        return _probe_capability(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return _probe_total_memory(device_id)
+
+    @classmethod
+    def mem_get_info(cls, device_id: int | None = None) -> tuple[int, int]:
+        free, total = torch.cuda.mem_get_info(device_id)
+        return int(free), int(total)
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.cuda.set_device(device)
+
+    @classmethod
+    def synchronize(cls) -> None:
+        torch.cuda.synchronize()
+
+    @classmethod
+    def empty_cache(cls) -> None:
+        torch.cuda.empty_cache()
+
+    @classmethod
+    def manual_seed(cls, seed: int) -> None:
+        torch.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)  # queued until CUDA initialises
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return True
+
+    @classmethod
+    def new_event(cls) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    @classmethod
+    def new_graph(cls) -> torch.cuda.CUDAGraph:
+        return torch.cuda.CUDAGraph()  # a HIP graph on ROCm builds
+
+    @classmethod
+    def graph_pool_handle(cls) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    @classmethod
+    def graph_capture_context(cls, graph: Any, pool: Any = None) -> contextlib.AbstractContextManager:
+        return torch.cuda.graph(graph, pool=pool)
+
+
+class CudaPlatform(CudaLikePlatform):
+    name = "cuda"
+    # flash-attn when importable (and the GPU and config suit it), else Triton, else the reference.
+    attn_backend_priority = ("flash_attn", "triton_paged", "torch_ref")
+    graph_capture = "cuda_graph"
+    graph_capture_reason = "CUDA graphs replay captured decode steps"
+    communicator = "nccl"
+    communicator_reason = "NCCL over NVLink / PCIe"
+    dist_backend = "nccl"
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        hip = _probe_hip_version()
+        if hip:
+            return f"this torch is a ROCm build (HIP {hip}); the rocm platform drives it"
+        if _probe_cuda_version() is None:
+            return f"this torch build has no CUDA support (torch {torch.__version__})"
+        if _probe_device_count() == 0:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+            return f"no NVIDIA GPU is visible{where}"
+        return None
+
+    @classmethod
+    def supported_dtypes(cls) -> tuple[torch.dtype, ...]:
+        """bfloat16 needs compute capability >= 8.0 (Ampere); float16 is the Volta/Turing choice."""
+        cap = cls.get_device_capability() or (0, 0)
+        if cap >= (8, 0):
+            return (torch.bfloat16, torch.float16, torch.float32)
+        return (torch.float16, torch.float32)
+
+    @classmethod
+    def describe(cls) -> dict[str, str]:
+        cap = cls.get_device_capability() or (0, 0)
+        return {
+            "device": f"{cls.get_device_name()} (compute capability {cap[0]}.{cap[1]})",
+            "device count": str(cls.device_count()),
+            "cuda": str(_probe_cuda_version()),
+        }

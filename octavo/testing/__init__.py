@@ -1,0 +1,1 @@
+"""Test kits octavo ships for the people who extend it (``platform_conformance``)."""

@@ -1,0 +1,292 @@
+"""The GPU step without waste: persistent input buffers, and CUDA/HIP graphs for decode steps.
+
+``StepBuffers`` holds every per-step input (token ids, positions, slot mapping, query start
+locations, sequence lengths, block table) in device tensors allocated once, each with a pinned
+host mirror: a step fills the host arrays with numpy and issues one non-blocking copy per
+input, so preparing a step allocates nothing and never waits for the device.
+
+``GraphRunner`` captures the model's forward for pure-decode batches at padded sizes 1, 2, 4,
+8, then steps of 8 up to ``max_num_seqs`` (capped at ``MAX_CAPTURE_SIZE``), all reading the
+same static buffers. A decode step of ``B`` requests replays the graph of the smallest padded
+size ``>= B``; the padding rows decode a dummy token against the null block and write no KV
+(slot ``-1``). Steps that contain a prefill chunk run eagerly. ``--enforce-eager`` turns
+capture off. ROCm builds of torch expose HIP graphs through the same ``torch.cuda.CUDAGraph``
+API, so the same code serves ``hip_graph``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from octavo.attention.backend import CommonAttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPTURE_SIZE = 256
+GRAPH_MODES = ("cuda_graph", "hip_graph")
+
+
+def capture_sizes(max_num_seqs: int, cap: int = MAX_CAPTURE_SIZE) -> list[int]:
+    """Padded batch sizes: 1, 2, 4, 8, 16, 24, ... up to ``min(max_num_seqs, cap)``."""
+    limit = min(max_num_seqs, cap)
+    sizes = [s for s in (1, 2, 4, 8) if s < limit]
+    sizes += [s for s in range(16, limit, 8)]
+    sizes.append(limit)
+    return sorted(set(sizes))
+
+
+class StepBuffers:
+    """Device input tensors allocated once, filled from pinned host mirrors each step."""
+
+    def __init__(
+        self, max_tokens: int, max_reqs: int, max_blocks_per_req: int, block_size: int,
+        device: torch.device, pin_memory: bool,
+    ) -> None:
+        self.max_tokens = max_tokens
+        self.max_reqs = max_reqs
+        self.width = max_blocks_per_req
+        self.block_size = block_size
+        self.device = device
+
+        def pair(n: int, dtype: torch.dtype):
+            host = torch.zeros(n, dtype=dtype, pin_memory=pin_memory)
+            return host, host.numpy(), torch.zeros(n, dtype=dtype, device=device)
+
+        self.ids_h, self.ids_np, self.ids = pair(max_tokens, torch.int64)
+        self.pos_h, self.pos_np, self.pos = pair(max_tokens, torch.int64)
+        self.slot_h, self.slot_np, self.slot = pair(max_tokens, torch.int64)
+        self.qsl_h, self.qsl_np, self.qsl = pair(max_reqs + 1, torch.int32)
+        self.sl_h, self.sl_np, self.sl = pair(max_reqs, torch.int32)
+        self.bt_h, self.bt_np, self.bt = pair(max_reqs * max_blocks_per_req, torch.int32)
+        self.li_h, self.li_np, self.li = pair(max(max_reqs, max_tokens), torch.int64)
+        # Recorded after each step's copies: the host mirrors are rewritten only once the
+        # previous copies have left them (normally long done: a step ends with a read-back).
+        from octavo.platforms import current_platform
+
+        self._events = {k: current_platform.new_event() for k in ("inputs", "indices")}
+
+    def _host_free(self, which: str) -> None:
+        ev = self._events[which]
+        if ev is not None:
+            ev.synchronize()
+
+    def _mark_copied(self, which: str) -> None:
+        ev = self._events[which]
+        if ev is not None:
+            ev.record()
+
+    @staticmethod
+    def _copy(dst: torch.Tensor, src: torch.Tensor, n: int) -> None:
+        if n:
+            dst[:n].copy_(src[:n], non_blocking=True)
+
+    def stage(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        slot_mapping: np.ndarray,
+        qsl: np.ndarray,
+        seq_lens: np.ndarray,
+        block_table: np.ndarray,
+        rows: np.ndarray,
+        max_blocks: int,
+        max_query_len: int,
+        pad_to: int | None = None,
+    ) -> tuple[CommonAttentionMetadata, tuple[torch.Tensor, torch.Tensor]]:
+        """Copy one step's inputs to the device; returns (metadata, (input_ids, positions)).
+
+        ``block_table`` is the persistent per-row table (``InputBatch.block_table``), ``rows``
+        this step's rows in batch order. With ``pad_to`` (a decode step replayed from a graph),
+        rows ``B .. pad_to`` are filled as dummy decodes and the block table is copied at full
+        width, the layout the captured graphs read.
+        """
+        t = len(token_ids)
+        b = len(rows)
+        n = pad_to or t
+        nb = pad_to or b
+        self._host_free("inputs")
+        self.ids_np[:t] = token_ids
+        self.pos_np[:t] = positions
+        self.slot_np[:t] = slot_mapping
+        self.qsl_np[: b + 1] = qsl
+        self.sl_np[:b] = seq_lens
+        if pad_to:
+            self.ids_np[t:n] = 0
+            self.pos_np[t:n] = 0
+            self.slot_np[t:n] = -1
+            self.qsl_np[b + 1 : nb + 1] = np.arange(b + 1, nb + 1)
+            self.sl_np[b:nb] = 1
+            w = self.width
+            bt = self.bt_np[: nb * w].reshape(nb, w)
+            bt[:b] = block_table[rows, :w]
+            bt[b:] = 0
+            width = w
+        else:
+            width = max_blocks
+            self.bt_np[: b * width].reshape(b, width)[:] = block_table[rows, :width]
+        for dst, src, k in (
+            (self.ids, self.ids_h, n),
+            (self.pos, self.pos_h, n),
+            (self.slot, self.slot_h, n),
+            (self.qsl, self.qsl_h, nb + 1),
+            (self.sl, self.sl_h, nb),
+            (self.bt, self.bt_h, nb * width),
+        ):
+            self._copy(dst, src, k)
+        self._mark_copied("inputs")
+        md = CommonAttentionMetadata(
+            query_start_loc=self.qsl[: b + 1],
+            seq_lens=self.sl[:b],
+            block_table=self.bt[: b * width].view(b, width) if not pad_to else self.bt[: nb * width].view(nb, width)[:b],
+            slot_mapping=self.slot[:t],
+            query_start_loc_cpu=qsl,
+            seq_lens_cpu=seq_lens,
+            num_reqs=b,
+            num_actual_tokens=t,
+            max_query_len=max_query_len,
+            max_seq_len=int(seq_lens.max()),
+            block_size=self.block_size,
+        )
+        return md, (self.ids[:t], self.pos[:t])
+
+    def indices(self, idx: np.ndarray) -> torch.Tensor:
+        """A device copy of a small index array (the rows to compute logits for)."""
+        k = len(idx)
+        self._host_free("indices")
+        self.li_np[:k] = idx
+        self._copy(self.li, self.li_h, k)
+        self._mark_copied("indices")
+        return self.li[:k]
+
+    def graph_metadata(self, size: int, max_seq_len: int) -> CommonAttentionMetadata:
+        """Static metadata of a captured decode graph of ``size`` rows (views of the buffers)."""
+        w = self.width
+        return CommonAttentionMetadata(
+            query_start_loc=self.qsl[: size + 1],
+            seq_lens=self.sl[:size],
+            block_table=self.bt[: size * w].view(size, w),
+            slot_mapping=self.slot[:size],
+            query_start_loc_cpu=np.arange(size + 1),
+            seq_lens_cpu=np.ones(size, dtype=np.int64),
+            num_reqs=size,
+            num_actual_tokens=size,
+            max_query_len=1,
+            max_seq_len=max_seq_len,
+            block_size=self.block_size,
+        )
+
+    def fill_dummy_decode(self, size: int) -> None:
+        """Make the device buffers a valid decode batch of ``size`` dummy rows (for capture)."""
+        self.ids[:size].zero_()
+        self.pos[:size].zero_()
+        self.slot[:size].fill_(-1)
+        self.qsl[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32, device=self.device))
+        self.sl[:size].fill_(1)
+        self.bt[: size * self.width].zero_()
+
+
+def graph_mode(runner) -> tuple[str, str]:
+    """(mode, reason): the graph capture this runner will use, ``none`` with the reason why not."""
+    config, platform = runner.config, runner.platform
+    if runner.device.type == "cpu":
+        return "none", "CPU"
+    if config.enforce_eager:
+        return "none", "--enforce-eager"
+    get = getattr(platform, "get_graph_capture", None)
+    mode = get(config).value if get is not None else platform.graph_capture
+    if mode not in GRAPH_MODES:
+        return "none", f"platform graph capture is {mode!r}"
+    if not getattr(runner.attn_backend, "supports_graph_capture", False):
+        return "none", f"attention backend {runner.attn_backend.name} cannot be captured"
+    return mode, "decode steps"
+
+
+class GraphRunner:
+    """Captured decode graphs, one per padded batch size, sharing one memory pool."""
+
+    def __init__(self, runner, sizes: list[int]) -> None:
+        self.runner = runner
+        self.buffers: StepBuffers = runner.step_buffers
+        self.sizes = sorted(sizes)
+        self.max_size = self.sizes[-1]
+        self.graphs: dict[int, tuple[object, torch.Tensor, object]] = {}
+        self.enabled = True  # benchmarks flip this to time eager steps on the same engine
+        self.pool_bytes = 0
+        self.capture_seconds = 0.0
+
+    def padded_size(self, num_reqs: int, num_tokens: int, max_query_len: int) -> int | None:
+        """The graph size a step replays, or None when it runs eagerly."""
+        if not self.enabled or max_query_len != 1 or num_tokens != num_reqs or num_reqs > self.max_size:
+            return None
+        for s in self.sizes:
+            if s >= num_reqs:
+                return s
+        return None
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        runner = self.runner
+        model = runner.model
+        buf = self.buffers
+        platform = runner.platform
+        t0 = time.perf_counter()
+        platform.synchronize()
+        free_before = platform.mem_get_info()[0]
+        pool = platform.graph_pool_handle()
+        for size in sorted(self.sizes, reverse=True):  # largest first: the rest reuse its pool
+            buf.fill_dummy_decode(size)
+            md = runner.attn_backend.build_metadata(buf.graph_metadata(size, runner.max_model_len))
+            ids, pos = buf.ids[:size], buf.pos[:size]
+            for _ in range(2):  # warm up: Triton compiles, cuBLAS picks its kernels
+                model(ids, pos, md)
+            platform.synchronize()
+            graph = platform.new_graph()
+            with platform.graph_capture_context(graph, pool):
+                out = model(ids, pos, md)
+            self.graphs[size] = (graph, out, md)
+        platform.synchronize()
+        self.pool_bytes = max(0, free_before - platform.mem_get_info()[0])
+        self.capture_seconds = time.perf_counter() - t0
+
+    def replay(self, md: CommonAttentionMetadata) -> torch.Tensor | None:
+        """Replay for a step whose inputs were staged with ``pad_to=padded_size(...)``."""
+        size = self.padded_size(md.num_reqs, md.num_actual_tokens, md.max_query_len)
+        if size is None:
+            return None
+        graph, out, _ = self.graphs[size]
+        graph.replay()
+        return out[: md.num_reqs]
+
+
+def maybe_capture(runner) -> GraphRunner | None:
+    """Capture decode graphs when the platform, backend and flags allow; log the decision."""
+    mode, reason = graph_mode(runner)
+    if mode == "none" or runner.step_buffers is None:
+        logger.info("graphs: none (%s)", reason)
+        return None
+    sizes = capture_sizes(runner.config.scheduler_config.max_num_seqs)
+    gr = GraphRunner(runner, sizes)
+    gr.capture()
+    logger.info(
+        "graphs: %s for decode batches of %d sizes (%s) in %.1fs, pool %.0f MiB",
+        mode, len(sizes), ",".join(map(str, sizes)), gr.capture_seconds, gr.pool_bytes / 2**20,
+    )
+    return gr
+
+
+def make_step_buffers(runner) -> StepBuffers | None:
+    """Persistent device inputs for accelerator runs (the CPU path keeps zero-copy numpy)."""
+    if runner.device.type == "cpu":
+        return None
+    sc = runner.config.scheduler_config
+    max_reqs = sc.max_num_seqs
+    max_tokens = max(sc.max_num_batched_tokens, max_reqs)
+    pin = bool(runner.platform.is_pin_memory_available())
+    return StepBuffers(
+        max_tokens, max_reqs, runner.input_batch.max_blocks_per_req, runner.block_size,
+        runner.device, pin,
+    )

@@ -1,0 +1,124 @@
+"""Startup memory profiling: how much device memory the KV cache may take.
+
+KV bytes = ``gpu_memory_utilization x total - in use - activation peak - graph pool``, where
+"in use" is everything allocated on the device after loading (weights, CUDA context, other
+processes), the activation peak is measured by a dummy forward of the largest step the
+scheduler can produce (``max_num_batched_tokens`` tokens over up to ``max_num_seqs`` requests,
+logits and a sampler-sized sort included), and the graph pool by a dummy decode forward at the
+largest captured batch. The dummies attend over a small scratch KV cache shared by all layers,
+allocated before the peak counter is reset so it is not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from octavo.attention.backend import CommonAttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+
+
+def _dummy_forward(runner, lengths: list[int], kv: torch.Tensor, with_logits: bool) -> None:
+    bs = runner.block_size
+    dev = runner.device
+    n = len(lengths)
+    lens = np.asarray(lengths, dtype=np.int64)
+    qsl = np.zeros(n + 1, dtype=np.int64)
+    qsl[1:] = np.cumsum(lens)
+    blocks = -(-lens // bs)
+    width = int(blocks.max())
+    table = np.zeros((n, width), dtype=np.int32)
+    start = 1
+    for i, b in enumerate(blocks.tolist()):
+        table[i, :b] = np.arange(start, start + b)
+        start += b
+    req = np.repeat(np.arange(n), lens)
+    pos = np.arange(int(qsl[-1])) - qsl[:-1][req]
+    slots = table[req, pos // bs].astype(np.int64) * bs + pos % bs
+    md = CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+        seq_lens=torch.from_numpy(lens.astype(np.int32)).to(dev),
+        block_table=torch.from_numpy(table).to(dev),
+        slot_mapping=torch.from_numpy(slots).to(dev),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=lens,
+        num_reqs=n,
+        num_actual_tokens=int(qsl[-1]),
+        max_query_len=int(lens.max()),
+        max_seq_len=int(lens.max()),
+        block_size=bs,
+    )
+    layers = runner.model.attention_layers()
+    for layer in layers:
+        layer.kv_cache = kv
+    try:
+        ids = torch.zeros(int(qsl[-1]), dtype=torch.int64, device=dev)
+        hidden = runner.model(ids, torch.from_numpy(pos).to(dev), runner.attn_backend.build_metadata(md))
+        if with_logits:
+            last = torch.from_numpy(qsl[1:] - 1).to(dev)
+            logits = runner.model.compute_logits(hidden[last])
+            del hidden
+            if logits is not None:  # None on tensor-parallel ranks != 0
+                # What a top-k/top-p sampling step holds at once: sorted values + indices, probs.
+                vals, idx = logits.float().sort(dim=-1, descending=True)
+                probs = vals.softmax(dim=-1).cumsum(dim=-1)
+                del vals, idx, probs, logits
+    finally:
+        for layer in layers:
+            layer.kv_cache = None
+
+
+def _peak_of(runner, mem, lengths: list[int], kv: torch.Tensor, with_logits: bool) -> int:
+    runner.platform.synchronize()
+    base = mem.memory_allocated(runner.device)
+    mem.reset_peak_memory_stats(runner.device)
+    with torch.inference_mode():
+        _dummy_forward(runner, lengths, kv, with_logits)
+    runner.platform.synchronize()
+    return max(0, mem.max_memory_allocated(runner.device) - base)
+
+
+def profile_kv_cache_budget(runner) -> int:
+    """Bytes the KV cache may take on this accelerator (see the module docstring)."""
+    from octavo.worker.cuda_graph import capture_sizes, graph_mode
+
+    config = runner.config
+    sc = config.scheduler_config
+    mc = config.model_config
+    mem = getattr(torch, runner.device.type)  # torch.cuda (CUDA and ROCm), torch.xpu, ...
+    num_tokens = max(1, min(sc.max_num_batched_tokens, sc.max_num_seqs * runner.max_model_len))
+    num_reqs = max(1, min(sc.max_num_seqs, num_tokens))
+    lengths = [num_tokens // num_reqs] * num_reqs
+    lengths[-1] += num_tokens - sum(lengths)
+    graphs = graph_mode(runner)[0] != "none"
+    largest = capture_sizes(sc.max_num_seqs)[-1] if graphs else 0
+    blocks = max(sum(-(-n // runner.block_size) for n in lengths), largest) + 1
+    shape = runner.attn_backend.get_kv_cache_shape(blocks, runner.block_size, runner.num_kv_heads_local, mc.head_size)
+    kv = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
+
+    peak = _peak_of(runner, mem, lengths, kv, with_logits=True)
+    graph_pool = 0
+    if graphs:
+        # Decode rows of one token each; captured graphs share one pool sized by the largest.
+        graph_pool = int(_peak_of(runner, mem, [1] * largest, kv, with_logits=False) * 1.1) + 64 * 2**20
+    del kv
+    runner.platform.synchronize()
+    runner.platform.empty_cache()
+
+    free, total = runner.platform.mem_get_info()
+    util = config.cache_config.gpu_memory_utilization
+    budget = runner.platform.kv_cache_memory_bytes(config, runner.model_bytes(), peak + graph_pool)
+    logger.info(
+        "memory: KV cache %.2f GiB = %.2f x %.2f GiB total - %.2f GiB in use (weights %.2f GiB) "
+        "- %.2f GiB activation peak (%d tokens, %d requests) - %.2f GiB graph pool",
+        budget / GiB, util, total / GiB, (total - free) / GiB, runner.model_bytes() / GiB,
+        peak / GiB, num_tokens, num_reqs, graph_pool / GiB,
+    )
+    runner.profiled_peak_bytes = peak
+    runner.profiled_graph_pool_bytes = graph_pool
+    return budget

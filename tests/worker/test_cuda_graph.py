@@ -1,0 +1,168 @@
+"""Persistent step buffers (CPU-checkable parts) and CUDA-graph decode steps (on a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from octavo.worker.cuda_graph import StepBuffers, capture_sizes
+
+HAS_GPU = torch.cuda.is_available()
+
+
+def test_capture_sizes():
+    assert capture_sizes(256) == [1, 2, 4, 8] + list(range(16, 257, 8))
+    assert capture_sizes(3) == [1, 2, 3]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(1024)[-1] == 256
+
+
+def _batch():
+    bt = np.zeros((4, 6), dtype=np.int32)
+    bt[0, :2] = [5, 9]
+    bt[1, :3] = [2, 7, 3]
+    bt[2, :1] = [11]
+    return bt
+
+
+def test_stage_eager_layout():
+    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), pin_memory=False)
+    bt = _batch()
+    rows = np.array([1, 0])
+    ids, pos = np.array([4, 5, 6, 7]), np.array([32, 33, 34, 20])
+    slots = np.array([48, 49, 50, 148])
+    qsl, sl = np.array([0, 3, 4]), np.array([35, 21])
+    md, (t_ids, t_pos) = buf.stage(ids, pos, slots, qsl, sl, bt, rows, 3, 3)
+    assert t_ids.tolist() == ids.tolist() and t_pos.tolist() == pos.tolist()
+    assert md.slot_mapping.tolist() == slots.tolist()
+    assert md.query_start_loc.tolist() == [0, 3, 4]
+    assert md.seq_lens.tolist() == [35, 21]
+    assert md.block_table.tolist() == [[2, 7, 3], [5, 9, 0]]
+    assert md.block_table.is_contiguous()
+    assert (md.num_reqs, md.num_actual_tokens, md.max_query_len, md.max_seq_len) == (2, 4, 3, 35)
+
+
+def test_stage_padded_decode_layout():
+    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), pin_memory=False)
+    bt = _batch()
+    rows = np.array([2, 0, 1])
+    md, (t_ids, _) = buf.stage(
+        np.array([1, 2, 3]), np.array([3, 20, 40]), np.array([179, 148, 56]),
+        np.array([0, 1, 2, 3]), np.array([4, 21, 41]), bt, rows, 3, 1, pad_to=4,
+    )
+    assert t_ids.tolist() == [1, 2, 3]
+    # Padding row 3: a one-token dummy decode that writes nothing and reads the null block.
+    assert buf.slot[:4].tolist() == [179, 148, 56, -1]
+    assert buf.qsl[:5].tolist() == [0, 1, 2, 3, 4]
+    assert buf.sl[:4].tolist() == [4, 21, 41, 1]
+    full = buf.bt[:24].view(4, 6)
+    assert full[:3].tolist() == bt[rows].tolist() and full[3].tolist() == [0] * 6
+    assert md.block_table.tolist() == bt[rows].tolist()
+    # The graph's static metadata sees the same buffers at full width.
+    gmd = buf.graph_metadata(4, 96)
+    assert gmd.block_table.shape == (4, 6) and gmd.block_table.data_ptr() == buf.bt.data_ptr()
+
+
+# -- GPU: engines end to end --------------------------------------------------------------
+
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+
+
+def _force_platform(monkeypatch, name):
+    from octavo.platforms import reset_current_platform
+
+    monkeypatch.setenv("OCTAVO_PLATFORM", name)
+    reset_current_platform()
+
+
+LENGTHS = [1, 15, 16, 17, 33, 64, 100, 300]
+MAX_TOKENS = 12
+
+
+def _generate(path, monkeypatch, platform, **kw):
+    from octavo import LLM, SamplingParams
+    from tests.hf_reference import random_prompts
+
+    _force_platform(monkeypatch, platform)
+    try:
+        llm = LLM(path, block_size=16, max_num_batched_tokens=64, max_num_seqs=3, **kw)
+        vocab = llm.llm_engine.config.model_config.vocab_size
+        prompts = random_prompts(vocab, LENGTHS, seed=7)
+        outs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts],
+            SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+            use_tqdm=False,
+        )
+        return llm, prompts, [o.outputs[0].token_ids for o in outs]
+    finally:
+        from octavo.platforms import reset_current_platform
+
+        monkeypatch.delenv("OCTAVO_PLATFORM")
+        reset_current_platform()
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_fp32_greedy_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypatch):
+    _, _, cpu_tokens = _generate(checkpoints[arch], monkeypatch, "cpu", dtype="float32")
+    llm, _, gpu_tokens = _generate(
+        checkpoints[arch], monkeypatch, "cuda", dtype="float32", enforce_eager=enforce_eager
+    )
+    runner = llm.llm_engine.core.runner
+    assert runner.attn_backend.name == "triton_paged"
+    assert (runner.graph_runner is None) == enforce_eager
+    assert gpu_tokens == cpu_tokens
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_bf16_logprobs_close_to_cpu_fp32(arch, checkpoints, monkeypatch):
+    """Teacher-forced prompt logprobs of the fp32 greedy continuation, bf16 GPU vs fp32 CPU."""
+    from octavo import LLM, SamplingParams
+
+    _, prompts, cpu_tokens = _generate(checkpoints[arch], monkeypatch, "cpu", dtype="float32")
+    seqs = [p + t for p, t in zip(prompts, cpu_tokens, strict=True)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+
+    def logprobs(platform, dtype):
+        _force_platform(monkeypatch, platform)
+        llm = LLM(checkpoints[arch], dtype=dtype, block_size=16, max_num_seqs=4)
+        outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
+        res = []
+        for s, o in zip(seqs, outs, strict=True):
+            res.append([o.prompt_logprobs[i][s[i]].logprob for i in range(1, len(s))])
+        return res
+
+    ref = logprobs("cpu", "float32")
+    got = logprobs("cuda", "bfloat16")
+    monkeypatch.delenv("OCTAVO_PLATFORM")
+    from octavo.platforms import reset_current_platform
+
+    reset_current_platform()
+    diffs = np.concatenate([np.abs(np.array(a) - np.array(b)) for a, b in zip(got, ref, strict=True)])
+    print(f"{arch}: bf16 vs fp32 |dlogprob| mean {diffs.mean():.4f} p99 {np.quantile(diffs, 0.99):.4f} max {diffs.max():.4f}")
+    assert diffs.mean() < 0.05 and np.quantile(diffs, 0.99) < 0.3
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_memory_profile_and_kv_budget(checkpoints, monkeypatch):
+    from octavo import LLM
+
+    _force_platform(monkeypatch, "cuda")
+    llm = LLM(checkpoints["llama"], dtype="bfloat16", gpu_memory_utilization=0.3, max_num_seqs=16)
+    runner = llm.llm_engine.core.runner
+    assert runner.profiled_peak_bytes > 0 and runner.profiled_graph_pool_bytes > 0
+    free, total = torch.cuda.mem_get_info()
+    kv = runner.num_blocks * runner.kv_bytes_per_block()
+    # The cache fits under the utilisation target with everything else that is allocated.
+    assert kv <= 0.3 * total
+    assert runner.graph_runner is not None and runner.graph_runner.sizes == [1, 2, 4, 8, 16]
+    monkeypatch.delenv("OCTAVO_PLATFORM")
+    from octavo.platforms import reset_current_platform
+
+    reset_current_platform()
