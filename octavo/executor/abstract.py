@@ -27,3 +27,25 @@ class Executor:
 
     def shutdown(self) -> None:
         pass
+
+
+class DistributedExecutor(Executor):
+    """Executors that fan each call out to every worker; rank 0's reply is the result.
+
+    Subclasses implement ``_call(method, arg) -> list`` (one decoded reply per rank).
+    """
+
+    def _call(self, method: str, arg=None) -> list:
+        raise NotImplementedError
+
+    def determine_num_blocks(self) -> int:
+        return min(self._call("determine_num_blocks"))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self._call("initialize_kv_cache", num_blocks)
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        from octavo.executor import messages
+
+        out = self._call("execute_model", messages.encode_scheduler_output(so))[0]
+        return messages.decode_runner_output(out)

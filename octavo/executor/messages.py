@@ -99,3 +99,18 @@ def decode_runner_output(d: dict[str, Any]) -> ModelRunnerOutput:
     if d.get("prompt_logprobs") is not None:
         d["prompt_logprobs"] = _tuple_dicts(d["prompt_logprobs"])
     return ModelRunnerOutput(**d)
+
+
+def handle_call(worker: Any, method: str, arg: Any) -> Any:
+    """Run one driver call on a worker; returns plain data (msgpack-encodable)."""
+    if method == "execute_model":
+        out = worker.execute_model(decode_scheduler_output(arg))
+        return None if out is None else encode_runner_output(out)
+    if method == "determine_num_blocks":
+        return worker.determine_num_blocks()
+    if method == "initialize_kv_cache":
+        worker.initialize_kv_cache(arg)
+        return None
+    if method == "info":
+        return worker.info()
+    raise ValueError(f"unknown worker method {method!r}")

@@ -17,7 +17,7 @@ from multiprocessing.connection import Connection, wait
 
 from octavo.config import OctavoConfig
 from octavo.executor import messages
-from octavo.executor.abstract import Executor, WorkerDiedError
+from octavo.executor.abstract import DistributedExecutor, WorkerDiedError
 
 logger = logging.getLogger(__name__)
 
@@ -54,16 +54,7 @@ def _worker_main(config_args: dict, rank: int, init_method: str, conn: Connectio
                 worker.shutdown()
                 conn.send_bytes(messages.pack(["ok", None]))
                 return
-            if method == "execute_model":
-                out = worker.execute_model(messages.decode_scheduler_output(arg))
-                result = None if out is None else messages.encode_runner_output(out)
-            elif method == "determine_num_blocks":
-                result = worker.determine_num_blocks()
-            elif method == "initialize_kv_cache":
-                worker.initialize_kv_cache(arg)
-                result = None
-            else:
-                raise ValueError(f"unknown worker method {method!r}")
+            result = messages.handle_call(worker, method, arg)
             conn.send_bytes(messages.pack(["ok", result]))
         except BaseException as e:
             conn.send_bytes(messages.pack(["error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]))
@@ -87,7 +78,7 @@ def engine_args_dict(config: OctavoConfig) -> dict:
     )
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(DistributedExecutor):
     def __init__(self, config: OctavoConfig) -> None:
         world = config.parallel_config.tensor_parallel_size
         ctx = mp.get_context("spawn")
@@ -144,16 +135,6 @@ class MultiprocExecutor(Executor):
             except (BrokenPipeError, OSError):
                 self._fail(f"tensor-parallel worker {rank} is gone (exit code {self.procs[rank].exitcode})")
         return self._collect(timeout=None)
-
-    def determine_num_blocks(self) -> int:
-        return min(self._call("determine_num_blocks"))
-
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._call("initialize_kv_cache", num_blocks)
-
-    def execute_model(self, so):
-        out = self._call("execute_model", messages.encode_scheduler_output(so))[0]
-        return messages.decode_runner_output(out)
 
     def check_health(self) -> None:
         for rank, p in enumerate(self.procs):

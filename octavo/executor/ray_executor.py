@@ -11,7 +11,7 @@ import logging
 
 from octavo.config import OctavoConfig
 from octavo.executor import messages
-from octavo.executor.abstract import Executor, WorkerDiedError
+from octavo.executor.abstract import DistributedExecutor, WorkerDiedError
 from octavo.executor.multiproc import _free_port, engine_args_dict
 
 logger = logging.getLogger(__name__)
@@ -30,20 +30,10 @@ class _RayWorker:
 
     def call(self, data: bytes) -> bytes:
         method, arg = messages.unpack(data)
-        if method == "execute_model":
-            out = self.worker.execute_model(messages.decode_scheduler_output(arg))
-            return messages.pack(None if out is None else messages.encode_runner_output(out))
-        if method == "initialize_kv_cache":
-            self.worker.initialize_kv_cache(arg)
-            return messages.pack(None)
-        if method == "determine_num_blocks":
-            return messages.pack(self.worker.determine_num_blocks())
-        if method == "info":
-            return messages.pack(self.worker.info())
-        raise ValueError(f"unknown worker method {method!r}")
+        return messages.pack(messages.handle_call(self.worker, method, arg))
 
 
-class RayExecutor(Executor):
+class RayExecutor(DistributedExecutor):
     def __init__(self, config: OctavoConfig) -> None:
         try:
             import ray
@@ -89,16 +79,6 @@ class RayExecutor(Executor):
             raise WorkerDiedError(f"a Ray tensor-parallel worker died: {e}") from e
         except self.ray.exceptions.RayTaskError as e:
             raise WorkerDiedError(f"a Ray tensor-parallel worker failed: {e}") from e
-
-    def determine_num_blocks(self) -> int:
-        return min(self._call("determine_num_blocks"))
-
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._call("initialize_kv_cache", num_blocks)
-
-    def execute_model(self, so):
-        out = self._call("execute_model", messages.encode_scheduler_output(so))[0]
-        return messages.decode_runner_output(out)
 
     def shutdown(self) -> None:
         for a in getattr(self, "actors", []):
