@@ -353,7 +353,7 @@ def plot_sweep(points: list[dict[str, Any]], path: str | Path, title: str = "") 
         for x, p in zip(xs, points, strict=True):
             ax.annotate(f"done {p['summary']['request_throughput_req_s']:.2g} req/s",
                         (x, p["summary"].get(f"median_{metric}", float("nan"))),
-                        textcoords="offset points", xytext=(0, -14), ha="center", fontsize=7)
+                        textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
