@@ -191,3 +191,56 @@ def bench_cpu(session: nox.Session) -> None:
         *session.posargs,
     )
     session.log(f"results: {out_json}")
+
+
+@nox.session(name="test-cpu-isa", venv_backend="none")
+def test_cpu_isa(session: nox.Session) -> None:
+    """The C++ CPU kernels on ISAs this machine may lack, under qemu-user (x86-64 host).
+
+    tests/csrc/test_kernels.cpp (every ISA variant linked in, checked against a scalar
+    double-precision reference) is built natively and run (every variant this CPU runs); run
+    under `qemu-x86_64 -cpu Haswell`, where the dispatcher must pick AVX2 and no AVX-512
+    instruction may execute (TCG has none: a forced AVX-512 run must die with SIGILL, the
+    negative control); cross-built with g++-aarch64-linux-gnu and run under `qemu-aarch64`
+    (NEON). Installs g++-aarch64-linux-gnu and qemu-user with apt-get when missing (as root).
+    `-- --python` also runs octavo.cpu_isa's selection under `qemu-x86_64 -cpu Haswell`
+    (about a minute; needs the extension built in the tree: `pip install -e .`).
+    """
+    import platform as _pf
+    import tempfile
+
+    if _pf.machine() not in ("x86_64", "AMD64"):
+        session.skip("the qemu checks run on an x86-64 host")
+    tools = ("aarch64-linux-gnu-g++", "qemu-aarch64", "qemu-x86_64", "g++")
+    if any(shutil.which(t) is None for t in tools):
+        if shutil.which("apt-get") is None:
+            session.error(f"need {tools}: install g++, g++-aarch64-linux-gnu and qemu-user")
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", "g++",
+                    "g++-aarch64-linux-gnu", "qemu-user", external=True,
+                    env={"DEBIAN_FRONTEND": "noninteractive"})
+    build = str(ROOT / "tests" / "csrc" / "build.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        x86, arm = f"{tmp}/test_kernels_x86_64", f"{tmp}/test_kernels_aarch64"
+        session.run("bash", build, "x86_64", x86, external=True)
+        session.run("bash", build, "aarch64", arm, external=True)
+        session.run(x86, external=True)
+        session.run("qemu-x86_64", "-cpu", "Haswell", x86, "--expect-isa", "avx2", external=True)
+        probe = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", x86, "--force", "avx512"],
+                               capture_output=True, text=True, check=False)
+        if probe.returncode not in (132, -4):  # SIGILL
+            session.error(f"forced AVX-512 under -cpu Haswell did not raise SIGILL (rc {probe.returncode}): "
+                          "the emulator does not trap AVX-512, so the Haswell run proves nothing")
+        session.log("negative control: forced AVX-512 under -cpu Haswell died with SIGILL, as it must")
+        session.run("qemu-aarch64", arm, "--expect-isa", "neon", external=True)
+    if "--python" in session.posargs:
+        code = (
+            "import octavo.cpu_isa as c\n"
+            "v, why = c.select_variant(); print('octavo.cpu_isa picks', v, '-', why)\n"
+            "assert v == 'avx2', v\n"
+            "c.load_variant(v)\n"
+            "try:\n    c.select_variant('avx512')\n    raise SystemExit('avx512 was not refused')\n"
+            "except ValueError as e:\n    print('refused:', e)\n"
+        )
+        session.run("qemu-x86_64", "-cpu", "Haswell", shutil.which("python3") or "python3", "-c", code,
+                    external=True)

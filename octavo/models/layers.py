@@ -25,11 +25,36 @@ def fused_ops():
     return _FUSED or None
 
 
+_CPU_FUSED = None
+
+
+def cpu_fused_ops():
+    """``octavo.models.cpu_fused_ops`` (octavo's C++ CPU kernels), or None where not built."""
+    global _CPU_FUSED
+    if _CPU_FUSED is None:
+        try:
+            from octavo.models import cpu_fused_ops as mod
+        except ImportError:
+            mod = False
+        _CPU_FUSED = mod
+    return _CPU_FUSED or None
+
+
 def _use_fused(x: torch.Tensor):
     if not x.is_cuda:
-        return None
+        ops = cpu_fused_ops() if x.is_cpu else None
+        return ops if ops is not None and ops.usable(x) else None
     ops = fused_ops()
     return ops if ops is not None and ops.usable(x) else None
+
+
+def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for a linear layer; on CPU through prepacked oneDNN weights where that applies."""
+    if x.is_cpu:
+        ops = cpu_fused_ops()
+        if ops is not None and ops.linear_usable(layer, x):
+            return ops.linear(layer, x)
+    return layer(x)
 
 
 class RMSNorm(nn.Module):

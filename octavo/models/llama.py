@@ -22,7 +22,7 @@ from octavo.distributed.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from octavo.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from octavo.models.layers import RMSNorm, RotaryEmbedding, cpu_fused_ops, linear, silu_and_mul
 
 
 class Attention(nn.Module):
@@ -62,7 +62,7 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(backend.get_impl_cls()(self.num_heads, self.head_dim, scale, self.num_kv_heads))
 
     def forward(self, positions, hidden, attn_metadata):
-        qkv = self.qkv_proj(hidden)
+        qkv = linear(self.qkv_proj, hidden)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
@@ -72,7 +72,7 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q, k, v, attn_metadata)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return linear(self.o_proj, out.reshape(-1, self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -87,7 +87,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return linear(self.down_proj, silu_and_mul(linear(self.gate_up_proj, x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -155,9 +155,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on tensor-parallel rank 0, ``None`` on the other ranks."""
+        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+        if hidden.is_cpu:  # prepacked oneDNN weights (single rank, bf16)
+            ops = cpu_fused_ops()
+            if ops is not None and ops.linear_usable(head, hidden):
+                return ops.linear(head, hidden)
         if self.tie_word_embeddings:
-            emb = self.model.embed_tokens
-            return ParallelLMHead.compute_logits(emb, hidden)  # same vocab partition
+            return ParallelLMHead.compute_logits(head, hidden)  # same vocab partition
         return self.lm_head.compute_logits(hidden)
 
     def expected_checkpoint_targets(self) -> set[tuple[str, str | None]]:

@@ -31,6 +31,10 @@ class ModelRunner:
         self.platform = platform
         mc = config.model_config
         self.device = platform.device(local_rank)
+        if self.device.type == "cpu":  # pin the compute threads (OCTAVO_CPU_THREADS_BIND)
+            from octavo.worker.cpu_threads import setup_cpu_threads
+
+            self.cpu_threads = setup_cpu_threads(local_rank, config.parallel_config.tensor_parallel_size)
         self.num_kv_heads_local = mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         self.dtype = mc.dtype
         self.block_size = config.cache_config.block_size

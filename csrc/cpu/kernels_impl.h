@@ -1,0 +1,773 @@
+// The one source of octavo's CPU kernels. kernels.cpp includes it once per ISA, after that
+// ISA's vector header (vec_<isa>.h), inside namespace octavo::OCTAVO_ISA_NS. Everything here is
+// written against the logical 16-float vector F and its helpers; the micro-kernel shapes come
+// from the header's constants (kQkRows, kPvRows, kPvCols).
+//
+// Paged attention, per work item (sequence, KV head, query tile):
+//   rows = the tile's query tokens x the query heads that share the KV head (GQA: every K/V
+//   load is reused by all of them). For each KV block of the sequence, in order:
+//     S = Q K^T          broadcast-FMA micro-GEMM over the transposed K tile (or VDPBF16PS)
+//     causal mask        keys after a row's position get -inf
+//     online softmax     running max m, running sum l, accumulator rescaled by exp(m_old - m_new)
+//     acc += P V         broadcast-FMA micro-GEMM over the V tile
+//   out = acc / l. All accumulation in fp32.
+// Do not use std:: templates in this file: one test binary links several ISA variants, and a
+// shared inline instantiation compiled with AVX-512 flags could be picked for the AVX2 path.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "scalar_convert.h"
+
+namespace octavo {
+namespace OCTAVO_ISA_NS {
+
+// ------------------------------------------------------------------------------------------
+// element types
+
+template <int DT> struct Elem;
+template <> struct Elem<kFloat32> {
+  using T = float;
+  static constexpr int P = 1;
+  static inline F load16(const T* p) { return load(p); }
+  static inline void store16(T* p, F x) { store(p, x); }
+  static inline float to_f(T x) { return x; }
+  static inline T from_f(float x) { return x; }
+};
+template <> struct Elem<kBFloat16> {
+  using T = uint16_t;
+  static constexpr int P = 2;
+  static inline F load16(const T* p) { return load_bf16(p); }
+  static inline void store16(T* p, F x) { store_bf16(p, x); }
+  static inline float to_f(T x) { return bf16_bits_to_f32(x); }
+  static inline T from_f(float x) { return f32_to_bf16_bits(x); }
+  static inline void split(R r, F& lo, F& hi) { split_bf16(r, lo, hi); }
+};
+template <> struct Elem<kFloat16> {
+  using T = uint16_t;
+  static constexpr int P = 2;
+  static inline F load16(const T* p) { return load_f16(p); }
+  static inline void store16(T* p, F x) { store_f16(p, x); }
+  static inline float to_f(T x) { return f16_bits_to_f32(x); }
+  static inline T from_f(float x) { return f32_to_f16_bits(x); }
+  static inline void split(R r, F& lo, F& hi) { split_f16(r, lo, hi); }
+};
+
+// Round a vector to the element type and back (where eager torch rounds between ops).
+template <int DT> static inline F round_to(F x) {
+  if constexpr (DT == kFloat32) return x;
+  else if constexpr (DT == kBFloat16) return round_bf16(x);
+  else return round_f16(x);
+}
+template <int DT> static inline float round_to1(float x) {
+  return Elem<DT>::to_f(Elem<DT>::from_f(x));
+}
+
+// exp(x) for a vector: 2^(x log2 e) = 2^n * 2^f, n = round(.), |f| <= 1/2, 2^f by its Taylor
+// series to degree 7 (relative error < 1e-8 before fp32 rounding). Inputs below ~-88 give 0.
+static inline F vexp(F x) {
+  F y = mul(x, bcast(1.44269504088896341f));
+  y = min(max(y, bcast(-127.f)), bcast(127.f));
+  F n = round_nearest(y);
+  F f = sub(y, n);
+  F p = bcast(1.5252733804059840e-5f);
+  p = fma(p, f, bcast(1.5403530393381610e-4f));
+  p = fma(p, f, bcast(1.3333558146428443e-3f));
+  p = fma(p, f, bcast(9.6181291076284772e-3f));
+  p = fma(p, f, bcast(5.5504108664821580e-2f));
+  p = fma(p, f, bcast(2.4022650695910071e-1f));
+  p = fma(p, f, bcast(6.9314718055994531e-1f));
+  p = fma(p, f, bcast(1.f));
+  return mul(p, pow2i(n));
+}
+
+// ------------------------------------------------------------------------------------------
+// per-thread scratch (grown on demand, freed when the thread exits)
+
+struct TlsBuffer {
+  char* p = nullptr;
+  size_t cap = 0;
+  ~TlsBuffer() { free(p); }
+  char* get(size_t n) {
+    if (n > cap) {
+      free(p);
+      cap = n + (n >> 1);
+      p = (char*)aligned_alloc(64, (cap + 63) & ~(size_t)63);
+    }
+    return p;
+  }
+};
+static thread_local TlsBuffer tls_scratch;
+
+static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+// ------------------------------------------------------------------------------------------
+// paged attention
+
+template <int DT>
+struct PagedAttention {
+  using E = Elem<DT>;
+  using T = typename E::T;
+  static constexpr int P = E::P;
+  // VDPBF16PS for both products (Q and P rounded to bf16 pairs, products exact, fp32 sums).
+  static constexpr bool kDot = (DT == kBFloat16) && kHasBf16Dot;
+  static constexpr int kTileRows = 64;  // target rows (query tokens x group) per work item
+  static constexpr int kMaxChunk = 256;  // largest block size (keys per softmax chunk)
+
+  const PagedAttentionArgs& a;
+  int G, D, bs, QT, ct;  // ct: tokens per softmax chunk (whole blocks, >= 64)
+  size_t off_qf, off_s, off_pb, off_acc, off_m, off_l, off_qrow, scratch_bytes;
+
+  explicit PagedAttention(const PagedAttentionArgs& args) : a(args) {
+    G = a.num_heads / a.num_kv_heads;
+    D = a.head_size;
+    bs = a.block_size;
+    QT = G >= kTileRows ? 1 : kTileRows / G;
+    ct = bs >= 64 ? bs : (64 / bs) * bs;
+    // rows of a work item: a query tile of one KV head's group, or (decode) every head
+    const size_t rows = (size_t)(QT * G > a.num_heads ? QT * G : a.num_heads);
+    size_t o = 0;
+    off_qf = o;   o += align64(rows * D * sizeof(float));
+    off_s = o;    o += align64(rows * ct * sizeof(float));
+    off_pb = o;   o += align64(rows * ct * sizeof(uint16_t));
+    off_acc = o;  o += align64(rows * D * sizeof(float));
+    off_m = o;    o += align64(rows * sizeof(float));
+    off_l = o;    o += align64(rows * sizeof(float));
+    off_qrow = o; o += align64(rows * sizeof(void*));
+    scratch_bytes = o;
+  }
+
+  // ---- S[rows, NG groups of 16 keys] = Q K^T over transposed K tiles ----
+  // kp[g] points at key group g (16 consecutive keys of one block, possibly different blocks).
+  // One pass over the head dims covers NG groups: each K vector load feeds RB rows, each
+  // broadcast query value NG groups. With few accumulators (decode: RB = the GQA group) the
+  // dims are split over two accumulator sets so the dependency chains are half as long.
+  template <int RB, int NG>
+  static inline void qk_group(const T* const* kp, int bs, int D, const float* qf,
+                              const T* const* qrow, float* s, int s_stride) {
+    constexpr int NS = RB * NG <= 8 ? 2 : 1;  // accumulator sets
+    F acc[NS][RB][NG];
+    for (int k = 0; k < NS; ++k)
+      for (int r = 0; r < RB; ++r)
+        for (int g = 0; g < NG; ++g) acc[k][r][g] = zero();
+    if constexpr (P == 1) {
+      for (int d = 0; d < D; d += NS) {
+        for (int k = 0; k < NS; ++k) {
+          F b[NG];
+          for (int g = 0; g < NG; ++g) b[g] = E::load16(kp[g] + (size_t)(d + k) * bs);
+          for (int r = 0; r < RB; ++r) {
+            const F q = bcast(qf[r * D + d + k]);
+            for (int g = 0; g < NG; ++g) acc[k][r][g] = fma(b[g], q, acc[k][r][g]);
+          }
+        }
+      }
+    } else {
+      const int D2 = D / 2;
+      for (int d2 = 0; d2 < D2; d2 += NS) {
+        for (int k = 0; k < NS; ++k) {
+          R b[NG];
+          for (int g = 0; g < NG; ++g) b[g] = load_raw(kp[g] + (size_t)(d2 + k) * bs * 2);
+          if constexpr (kDot) {
+            for (int r = 0; r < RB; ++r) {
+              uint32_t qp;
+              memcpy(&qp, qrow[r] + 2 * (d2 + k), 4);
+              for (int g = 0; g < NG; ++g) acc[k][r][g] = dot_bf16_pair(acc[k][r][g], b[g], qp);
+            }
+          } else {
+            F lo[NG], hi[NG];
+            for (int g = 0; g < NG; ++g) E::split(b[g], lo[g], hi[g]);
+            for (int r = 0; r < RB; ++r) {
+              const F q0 = bcast(qf[r * D + 2 * (d2 + k)]), q1 = bcast(qf[r * D + 2 * (d2 + k) + 1]);
+              for (int g = 0; g < NG; ++g) acc[k][r][g] = fma(hi[g], q1, fma(lo[g], q0, acc[k][r][g]));
+            }
+          }
+        }
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int g = 0; g < NG; ++g) {
+        F v = acc[0][r][g];
+        if constexpr (NS == 2) v = add(v, acc[NS - 1][r][g]);
+        store(s + r * s_stride + 16 * g, v);
+      }
+  }
+
+  // ---- the same for a row-major K tile (layout benchmark only): one dot product per key ----
+  template <int RB>
+  static inline void qk_group_rowmajor(const T* kt, int D, int tok, const float* qf, float* s,
+                                       int s_stride) {
+    for (int t = tok; t < tok + 16; ++t) {
+      F acc[RB];
+      for (int r = 0; r < RB; ++r) acc[r] = zero();
+      const T* kr = kt + (size_t)t * D;
+      for (int d = 0; d < D; d += 16) {
+        F k = E::load16(kr + d);
+        for (int r = 0; r < RB; ++r) acc[r] = fma(k, load(qf + r * D + d), acc[r]);
+      }
+      for (int r = 0; r < RB; ++r) s[r * s_stride + t] = hsum(acc[r]);
+    }
+  }
+
+  // S for `rows` rows over the chunk's ng key groups (kp: group pointers; for the row-major
+  // layout, kt_rm/tok_rm give each group's block tile and first key in it).
+  template <int RB>
+  inline void qk_rows(const T* const* kp, const T* const* kt_rm, const int* tok_rm, int ng,
+                      const float* qf, const T* const* qrow, float* s) const {
+    if (a.k_layout == kKRowMajor) {
+      for (int g = 0; g < ng; ++g) qk_group_rowmajor<RB>(kt_rm[g], D, tok_rm[g], qf, s + 16 * g - tok_rm[g], ct);
+      return;
+    }
+    // as many key groups per pass as the accumulator budget allows (1, 2 or 4)
+    constexpr int kMaxNG = kQkAcc / RB >= 4 ? 4 : kQkAcc / RB >= 2 ? 2 : 1;
+    int g = 0;
+    for (; g + kMaxNG <= ng; g += kMaxNG) qk_group<RB, kMaxNG>(kp + g, bs, D, qf, qrow, s + 16 * g, ct);
+    if constexpr (kMaxNG > 2)
+      for (; g + 2 <= ng; g += 2) qk_group<RB, 2>(kp + g, bs, D, qf, qrow, s + 16 * g, ct);
+    for (; g < ng; ++g) qk_group<RB, 1>(kp + g, bs, D, qf, qrow, s + 16 * g, ct);
+  }
+
+  void qk(const T* const* kp, const T* const* kt_rm, const int* tok_rm, int rows, int ng,
+          const float* qf, const T* const* qrow, float* s) const {
+    int r0 = 0;
+    for (; r0 + kQkRows <= rows; r0 += kQkRows)
+      qk_rows<kQkRows>(kp, kt_rm, tok_rm, ng, qf + (size_t)r0 * D, qrow + r0, s + (size_t)r0 * ct);
+    const int rem = rows - r0;
+    const float* q = qf + (size_t)r0 * D;
+    float* sp = s + (size_t)r0 * ct;
+    switch (rem) {
+      case 0: break;
+      case 1: qk_rows<1>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      case 2: qk_rows<2>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      case 3: qk_rows<3>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      case 4: qk_rows<4>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      case 5: qk_rows<5>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      case 6: qk_rows<6>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      default: qk_rows<7>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+    }
+  }
+
+  // ---- acc[rows, 16*CB columns at c0] += P[rows, keys] V[keys, columns] over the chunk ----
+  // vt[i] is the V tile of the chunk's block i; the last block holds nt_last keys. The
+  // accumulators stay in registers across all blocks of the chunk.
+  template <int RB, int CB>
+  inline void pv_tile(const T* const* vt, int nblk, int nt_last, int c0, const float* p,
+                      const uint16_t* pb, float* acc) const {
+    F o[RB][CB];
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < CB; ++c) o[r][c] = load(acc + (size_t)r * D + c0 + 16 * c);
+    for (int bi = 0; bi < nblk; ++bi) {
+      const int nt = bi == nblk - 1 ? nt_last : bs;
+      const int po = bi * bs;  // column of the block's first key in P
+      if constexpr (P == 1) {
+        for (int t = 0; t < nt; ++t) {
+          F b[CB];
+          for (int c = 0; c < CB; ++c) b[c] = E::load16(vt[bi] + (size_t)t * D + c0 + 16 * c);
+          for (int r = 0; r < RB; ++r) {
+            F pr = bcast(p[r * ct + po + t]);
+            for (int c = 0; c < CB; ++c) o[r][c] = fma(b[c], pr, o[r][c]);
+          }
+        }
+      } else {
+        int t = 0;
+        for (; t + 1 < nt; t += 2) {
+          const T* vp = vt[bi] + (size_t)(t / 2) * D * 2 + c0 * 2;
+          if constexpr (kDot) {
+            R b[CB];
+            for (int c = 0; c < CB; ++c) b[c] = load_raw(vp + 32 * c);
+            for (int r = 0; r < RB; ++r) {
+              uint32_t pp;
+              memcpy(&pp, pb + r * ct + po + t, 4);
+              for (int c = 0; c < CB; ++c) o[r][c] = dot_bf16_pair(o[r][c], b[c], pp);
+            }
+          } else {
+            F lo[CB], hi[CB];
+            for (int c = 0; c < CB; ++c) E::split(load_raw(vp + 32 * c), lo[c], hi[c]);
+            for (int r = 0; r < RB; ++r) {
+              F p0 = bcast(p[r * ct + po + t]), p1 = bcast(p[r * ct + po + t + 1]);
+              for (int c = 0; c < CB; ++c) o[r][c] = fma(hi[c], p1, fma(lo[c], p0, o[r][c]));
+            }
+          }
+        }
+        if (t < nt) {  // odd tail: the pair's second key may be past the end of the sequence
+          const T* vp = vt[bi] + (size_t)(t / 2) * D * 2 + c0 * 2;
+          F lo[CB], hi[CB];
+          for (int c = 0; c < CB; ++c) E::split(load_raw(vp + 32 * c), lo[c], hi[c]);
+          for (int r = 0; r < RB; ++r) {
+            F p0 = bcast(kDot ? bf16_bits_to_f32(pb[r * ct + po + t]) : p[r * ct + po + t]);
+            for (int c = 0; c < CB; ++c) o[r][c] = fma(lo[c], p0, o[r][c]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int c = 0; c < CB; ++c) store(acc + (size_t)r * D + c0 + 16 * c, o[r][c]);
+  }
+
+  template <int RB>
+  inline void pv_rows(const T* const* vt, int nblk, int nt_last, const float* p, const uint16_t* pb,
+                      float* acc) const {
+    const int ncol = D / 16;
+    int c = 0;
+    for (; c + kPvCols <= ncol; c += kPvCols) pv_tile<RB, kPvCols>(vt, nblk, nt_last, 16 * c, p, pb, acc);
+    for (; c < ncol; ++c) pv_tile<RB, 1>(vt, nblk, nt_last, 16 * c, p, pb, acc);
+  }
+
+  void pv(const T* const* vt, int nblk, int nt_last, int rows, const float* p, const uint16_t* pb,
+          float* acc) const {
+    int r0 = 0;
+    for (; r0 + kPvRows <= rows; r0 += kPvRows)
+      pv_rows<kPvRows>(vt, nblk, nt_last, p + (size_t)r0 * ct, pb + (size_t)r0 * ct, acc + (size_t)r0 * D);
+    const int rem = rows - r0;
+    const float* pp = p + (size_t)r0 * ct;
+    const uint16_t* pbp = pb + (size_t)r0 * ct;
+    float* ap = acc + (size_t)r0 * D;
+    switch (rem) {
+      case 0: break;
+      case 1: pv_rows<1>(vt, nblk, nt_last, pp, pbp, ap); break;
+      case 2: pv_rows<2>(vt, nblk, nt_last, pp, pbp, ap); break;
+      default: pv_rows<3>(vt, nblk, nt_last, pp, pbp, ap); break;
+    }
+  }
+
+  // Touch the first lines of each K/V tile of heads [h0, h0 + nh) of a block: the block table
+  // is random, so the hardware cannot guess where the next block starts, but once a tile's
+  // first lines are requested its stream prefetcher follows. (Prefetching whole tiles measured
+  // slower: the prefetch instructions themselves cost more than the misses they hide.)
+  inline void prefetch_block(const T* cache, int32_t blk, int h0, int nh, size_t tile) const {
+    const char* p = (const char*)(cache + ((int64_t)blk * a.num_kv_heads + h0) * 2 * tile);
+    const size_t tb = tile * sizeof(T);
+    for (int t = 0; t < 2 * nh; ++t) {
+      __builtin_prefetch(p + t * tb, 0, 3);
+      __builtin_prefetch(p + t * tb + 64, 0, 3);
+    }
+  }
+
+  // ---- one work item: query tile qt of request req, KV heads [h0, h0 + nh) ----
+  // Rows are ordered (head, query token, group member): r = (hh * nq + jj) * G + g.
+  void run(int req, int h0, int nh, int qt, char* scratch) const {
+    const int64_t qs = a.query_start_loc[req];
+    const int qlen = a.query_start_loc[req + 1] - (int)qs;
+    const int seq_len = a.seq_lens[req];
+    const int ctx = seq_len - qlen;
+    const int j0 = qt * QT;
+    const int nq = qlen - j0 < QT ? qlen - j0 : QT;
+    const int hrows = nq * G;  // rows per KV head
+    const int rows = nh * hrows;
+    float* qf = (float*)(scratch + off_qf);
+    float* s = (float*)(scratch + off_s);
+    uint16_t* pb = (uint16_t*)(scratch + off_pb);
+    float* acc = (float*)(scratch + off_acc);
+    float* m = (float*)(scratch + off_m);
+    float* l = (float*)(scratch + off_l);
+    const T** qrow = (const T**)(scratch + off_qrow);
+    const T* query = (const T*)a.query;
+    const T* kgrp[kMaxChunk / 16];  // per key group of the chunk: K data, tile, first key
+    const T* kt_rm[kMaxChunk / 16];
+    int tok_rm[kMaxChunk / 16];
+    const T* vtl[kMaxChunk / 16];  // per block of the chunk: V tile
+
+    for (int hh = 0; hh < nh; ++hh)
+      for (int jj = 0; jj < nq; ++jj)
+        for (int g = 0; g < G; ++g)
+          qrow[(hh * nq + jj) * G + g] =
+              query + (qs + j0 + jj) * a.q_stride + (int64_t)((h0 + hh) * G + g) * D;
+    if (!kDot || a.k_layout == kKRowMajor) {
+      for (int r = 0; r < rows; ++r)
+        for (int d = 0; d < D; d += 16) store(qf + (size_t)r * D + d, E::load16(qrow[r] + d));
+    }
+    for (int r = 0; r < rows; ++r) {
+      m[r] = -INFINITY;
+      l[r] = 0.f;
+    }
+    memset(acc, 0, (size_t)rows * D * sizeof(float));
+
+    const int kv_end = ctx + j0 + nq;  // keys [0, kv_end) are visible to some row of the tile
+    const int nblocks = (kv_end + bs - 1) / bs;
+    const int32_t* bt = a.block_table + (int64_t)req * a.bt_stride;
+    const T* cache = (const T*)a.kv_cache;
+    const size_t tile = (size_t)bs * D;
+    const float scale = a.scale;
+
+    const int bpc = ct / bs;  // blocks per chunk
+    // The block table is random, so the hardware cannot guess the next block: prefetch the
+    // item's K/V tiles of the block ~32 KiB ahead (one block for large blocks, more for small).
+    const size_t block_bytes = (size_t)nh * 2 * tile * sizeof(T);
+    int pf_dist = block_bytes >= 32768 ? 1 : (int)(32768 / block_bytes);
+    if (pf_dist < bpc) pf_dist = bpc;  // at least the next chunk
+    for (int pbk = 0; pbk < pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile);
+    for (int b0 = 0; b0 < nblocks; b0 += bpc) {
+      const int c0 = b0 * bs;                                     // first key of the chunk
+      const int nc = kv_end - c0 < ct ? kv_end - c0 : ct;          // keys of the chunk
+      const int b1 = b0 + bpc < nblocks ? b0 + bpc : nblocks;
+
+      const int ngc = (nc + 15) / 16;  // 16-key groups in the chunk (blocks are multiples of 16)
+      for (int b = b0; b < b1; ++b)
+        if (b + pf_dist < nblocks) prefetch_block(cache, bt[b + pf_dist], h0, nh, tile);
+
+      // S = Q K^T over the whole chunk, head by head
+      for (int hh = 0; hh < nh; ++hh) {
+        for (int g = 0; g < ngc; ++g) {
+          const int b = b0 + (16 * g) / bs, tok = (16 * g) % bs;
+          const T* kt = cache + ((int64_t)bt[b] * a.num_kv_heads + h0 + hh) * 2 * tile;
+          kgrp[g] = kt + tok * P;
+          kt_rm[g] = kt;
+          tok_rm[g] = tok;
+        }
+        qk(kgrp, kt_rm, tok_rm, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows,
+           s + (size_t)hh * hrows * ct);
+      }
+
+      // causal mask + online softmax, row by row
+      for (int r = 0; r < rows; ++r) {
+        float* sr = s + (size_t)r * ct;
+        uint16_t* pr = pb + (size_t)r * ct;
+        int valid = ctx + j0 + (r / G) % nq - c0 + 1;  // keys of this chunk the row may see
+        if (valid > nc) valid = nc;
+        if (valid <= 0) {
+          if (kDot) memset(pr, 0, (size_t)ngc * 16 * sizeof(uint16_t));
+          else memset(sr, 0, (size_t)ngc * 16 * sizeof(float));
+          continue;
+        }
+        for (int t = valid; t < ngc * 16; ++t) sr[t] = -INFINITY;
+        F mx = load(sr);
+        for (int g = 1; g < ngc; ++g) mx = max(mx, load(sr + 16 * g));
+        const float m_blk = hmax(mx) * scale;
+        const float m_old = m[r];
+        const float m_new = m_blk > m_old ? m_blk : m_old;
+        if (m_new != m_old) {
+          const float corr = expf(m_old - m_new);
+          l[r] *= corr;
+          if (b0 > 0) {
+            F cv = bcast(corr);
+            float* ar = acc + (size_t)r * D;
+            for (int d = 0; d < D; d += 16) store(ar + d, mul(load(ar + d), cv));
+          }
+          m[r] = m_new;
+        }
+        const F sc = bcast(scale), nm = bcast(-m_new);
+        F sum = zero();
+        for (int g = 0; g < ngc; ++g) {
+          F e = vexp(fma(load(sr + 16 * g), sc, nm));
+          if (kDot) {
+            store_bf16(pr + 16 * g, e);
+            e = load_bf16(pr + 16 * g);  // sum what P.V will use
+          } else {
+            store(sr + 16 * g, e);
+          }
+          sum = add(sum, e);
+        }
+        l[r] += hsum(sum);
+      }
+
+      // acc += P V over the chunk, head by head
+      const int nblk = b1 - b0;
+      const int nt_last = nc - (nblk - 1) * bs;
+      for (int hh = 0; hh < nh; ++hh) {
+        for (int bi = 0; bi < nblk; ++bi)
+          vtl[bi] = cache + ((int64_t)bt[b0 + bi] * a.num_kv_heads + h0 + hh) * 2 * tile + tile;
+        const size_t r0 = (size_t)hh * hrows;
+        pv(vtl, nblk, nt_last, hrows, s + r0 * ct, pb + r0 * ct, acc + r0 * D);
+      }
+    }
+
+    T* out = (T*)a.out;
+    for (int r = 0; r < rows; ++r) {
+      const int hh = r / hrows, jj = (r / G) % nq, g = r % G;
+      T* o = out + (qs + j0 + jj) * a.o_stride + (int64_t)((h0 + hh) * G + g) * D;
+      const F inv = bcast(1.f / l[r]);
+      const float* ar = acc + (size_t)r * D;
+      for (int d = 0; d < D; d += 16) E::store16(o + d, mul(load(ar + d), inv));
+    }
+  }
+
+  struct Item {
+    int32_t req, h0, nh, qt;
+  };
+
+  static void item_fn(void* ctx, int64_t i, int /*tid*/) {
+    auto* self = (const PagedAttention*)((void**)ctx)[0];
+    const Item* items = (const Item*)((void**)ctx)[1];
+    char* scratch = tls_scratch.get(self->scratch_bytes);
+    const Item& it = items[i];
+    self->run(it.req, it.h0, it.nh, it.qt, scratch);
+  }
+
+  void operator()() const {
+    // Work items: prefill tiles first (largest), decodes after, so the dynamic hand-out ends
+    // with the small ones and the threads finish together. A decode covers all KV heads of
+    // its sequence when there are enough sequences to keep every thread busy: each block is
+    // then read as one contiguous stretch (num_kv_heads x K/V tiles) that the prefetchers
+    // stream, instead of a 1/num_kv_heads slice of it.
+    const int threads = threading::resolve_threads(a.num_threads);
+    int n_decode = 0;
+    for (int i = 0; i < a.num_reqs; ++i)
+      n_decode += (a.query_start_loc[i + 1] - a.query_start_loc[i]) == 1;
+    const int dec_nh = n_decode >= 2 * threads ? a.num_kv_heads : 1;
+    int64_t n_items = 0;
+    for (int i = 0; i < a.num_reqs; ++i) {
+      const int qlen = a.query_start_loc[i + 1] - a.query_start_loc[i];
+      if (qlen == 1) n_items += a.num_kv_heads / dec_nh;
+      else n_items += (int64_t)((qlen + QT - 1) / QT) * a.num_kv_heads;
+    }
+    if (n_items == 0) return;
+    Item* items = (Item*)malloc(sizeof(Item) * n_items);
+    int64_t k = 0;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i = 0; i < a.num_reqs; ++i) {
+        const int qlen = a.query_start_loc[i + 1] - a.query_start_loc[i];
+        if (qlen == 0 || (pass == 0) != (qlen > 1)) continue;
+        if (qlen == 1) {
+          for (int h = 0; h < a.num_kv_heads; h += dec_nh) items[k++] = Item{i, h, dec_nh, 0};
+          continue;
+        }
+        const int ntiles = (qlen + QT - 1) / QT;
+        for (int qt = ntiles - 1; qt >= 0; --qt)
+          for (int h = 0; h < a.num_kv_heads; ++h) items[k++] = Item{i, h, 1, qt};
+      }
+    }
+    void* ctx[2] = {(void*)this, (void*)items};
+    threading::parallel_run(n_items, threads, &item_fn, ctx);
+    free(items);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// write K/V at the slot mapping
+
+template <int DT>
+struct WriteKV {
+  using E = Elem<DT>;
+  using T = typename E::T;
+  static constexpr int P = E::P;
+  static constexpr int kTokensPerItem = 16;
+
+  static void item_fn(void* ctx, int64_t item, int /*tid*/) {
+    const WriteKVArgs& a = *(const WriteKVArgs*)ctx;
+    const int D = a.head_size, bs = a.block_size;
+    const size_t tile = (size_t)bs * D;
+    T* cache = (T*)a.kv_cache;
+    const int64_t i0 = item * kTokensPerItem;
+    const int64_t i1 = i0 + kTokensPerItem < a.num_tokens ? i0 + kTokensPerItem : a.num_tokens;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t slot = a.slot_mapping[i];
+      if (slot < 0) continue;
+      const int64_t blk = slot / bs;
+      const int off = (int)(slot % bs);
+      for (int h = 0; h < a.num_kv_heads; ++h) {
+        const T* k = (const T*)a.key + i * a.k_stride_tok + h * a.k_stride_head;
+        const T* v = (const T*)a.value + i * a.v_stride_tok + h * a.v_stride_head;
+        T* kt = cache + (blk * a.num_kv_heads + h) * 2 * tile;
+        T* vt = kt + tile;
+        if (a.k_layout == kKRowMajor) {
+          memcpy(kt + (size_t)off * D, k, D * sizeof(T));
+        } else {
+          T* kp = kt + off * P;
+          for (int d = 0; d < D; d += P)
+            for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
+        }
+        T* vp = vt + (size_t)(off / P) * D * P + off % P;
+        for (int d = 0; d < D; ++d) vp[(size_t)d * P] = v[d];
+      }
+    }
+  }
+
+  static void run(const WriteKVArgs& a) {
+    const int64_t n_items = (a.num_tokens + kTokensPerItem - 1) / kTokensPerItem;
+    const int threads = n_items >= 8 ? a.num_threads : 1;
+    threading::parallel_run(n_items, threads, &item_fn, (void*)&a);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// RMSNorm (+ residual), SiLU-and-mul, RoPE: rounded like the eager torch ops in layers.py
+
+template <int DT>
+struct SmallOps {
+  using E = Elem<DT>;
+  using T = typename E::T;
+
+  static int64_t chunk_rows(int64_t rows, int64_t n) {  // rows per work item (~32K elements)
+    int64_t c = 32768 / (n > 0 ? n : 1);
+    return c < 1 ? 1 : c;
+  }
+
+  static void rms_item(void* ctx, int64_t item, int) {
+    const RMSNormArgs& a = *(const RMSNormArgs*)ctx;
+    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t r0 = item * per, r1 = r0 + per < a.rows ? r0 + per : a.rows;
+    const int n = a.n, nv = n & ~15;
+    const T* w = (const T*)a.weight;
+    for (int64_t row = r0; row < r1; ++row) {
+      const T* x = (const T*)a.x + row * a.x_stride;
+      const T* res = a.residual ? (const T*)a.residual + row * a.r_stride : nullptr;
+      T* ro = a.residual ? (T*)a.residual_out + row * a.ro_stride : nullptr;
+      T* out = (T*)a.out + row * a.o_stride;
+      // pass 1: h = x (+ residual, rounded to T), sum of squares in fp32
+      F ss = zero();
+      float ss_tail = 0.f;
+      for (int d = 0; d < nv; d += 16) {
+        F h = E::load16(x + d);
+        if (res) {
+          h = round_to<DT>(add(h, E::load16(res + d)));
+          E::store16(ro + d, h);
+        }
+        ss = fma(h, h, ss);
+      }
+      for (int d = nv; d < n; ++d) {
+        float h = E::to_f(x[d]);
+        if (res) {
+          h = round_to1<DT>(h + E::to_f(res[d]));
+          ro[d] = E::from_f(h);
+        }
+        ss_tail += h * h;
+      }
+      const float var = (hsum(ss) + ss_tail) / (float)n;
+      const float inv = 1.f / sqrtf(var + a.eps);
+      const T* src = res ? ro : x;
+      const F iv = bcast(inv);
+      for (int d = 0; d < nv; d += 16) {
+        F h = round_to<DT>(mul(E::load16(src + d), iv));
+        E::store16(out + d, mul(E::load16(w + d), h));
+      }
+      for (int d = nv; d < n; ++d) {
+        float h = round_to1<DT>(E::to_f(src[d]) * inv);
+        out[d] = E::from_f(E::to_f(w[d]) * h);
+      }
+    }
+  }
+
+  static void rms_norm(const RMSNormArgs& a) {
+    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t n_items = (a.rows + per - 1) / per;
+    threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &rms_item, (void*)&a);
+  }
+
+  static inline float silu1(float g) { return g / (1.f + expf(-g)); }
+
+  static void silu_item(void* ctx, int64_t item, int) {
+    const SiluMulArgs& a = *(const SiluMulArgs*)ctx;
+    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t r0 = item * per, r1 = r0 + per < a.rows ? r0 + per : a.rows;
+    const int n = a.n, nv = n & ~15;
+    const F one = bcast(1.f);
+    for (int64_t row = r0; row < r1; ++row) {
+      const T* g = (const T*)a.x + row * a.x_stride;
+      const T* u = g + n;
+      T* out = (T*)a.out + row * a.o_stride;
+      for (int d = 0; d < nv; d += 16) {
+        F gv = E::load16(g + d);
+        F s = round_to<DT>(div(gv, add(one, vexp(sub(zero(), gv)))));
+        E::store16(out + d, mul(s, E::load16(u + d)));
+      }
+      for (int d = nv; d < n; ++d) {
+        float s = round_to1<DT>(silu1(E::to_f(g[d])));
+        out[d] = E::from_f(s * E::to_f(u[d]));
+      }
+    }
+  }
+
+  static void silu_and_mul(const SiluMulArgs& a) {
+    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t n_items = (a.rows + per - 1) / per;
+    threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &silu_item, (void*)&a);
+  }
+
+  // out = round(round(x * cos) + round(rotate_half(x) * sin)); rotate_half(x) = [-x2, x1]
+  static inline void rope_head(const T* x, T* o, const T* c, const T* s, int D) {
+    const int half = D / 2;
+    const int hv = half & ~15;
+    for (int d = 0; d < hv; d += 16) {
+      F x1 = E::load16(x + d), x2 = E::load16(x + half + d);
+      F c1 = E::load16(c + d), c2 = E::load16(c + half + d);
+      F s1 = E::load16(s + d), s2 = E::load16(s + half + d);
+      F a1 = round_to<DT>(mul(x1, c1)), b1 = round_to<DT>(mul(sub(zero(), x2), s1));
+      F a2 = round_to<DT>(mul(x2, c2)), b2 = round_to<DT>(mul(x1, s2));
+      E::store16(o + d, add(a1, b1));
+      E::store16(o + half + d, add(a2, b2));
+    }
+    for (int d = hv; d < half; ++d) {
+      const float x1 = E::to_f(x[d]), x2 = E::to_f(x[half + d]);
+      const float a1 = round_to1<DT>(x1 * E::to_f(c[d])), b1 = round_to1<DT>(-x2 * E::to_f(s[d]));
+      const float a2 = round_to1<DT>(x2 * E::to_f(c[half + d])), b2 = round_to1<DT>(x1 * E::to_f(s[half + d]));
+      o[d] = E::from_f(a1 + b1);
+      o[half + d] = E::from_f(a2 + b2);
+    }
+  }
+
+  static void rope_item(void* ctx, int64_t item, int) {
+    const RopeArgs& a = *(const RopeArgs*)ctx;
+    const int D = a.head_size;
+    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * D);
+    const int64_t t0 = item * per, t1 = t0 + per < a.num_tokens ? t0 + per : a.num_tokens;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t pos = a.positions[t];
+      const T* c = (const T*)a.cos + pos * D;
+      const T* s = (const T*)a.sin + pos * D;
+      for (int h = 0; h < a.num_q_heads; ++h)
+        rope_head((const T*)a.q + t * a.q_stride_tok + h * a.q_stride_head,
+                  (T*)a.q_out + (t * a.num_q_heads + h) * D, c, s, D);
+      for (int h = 0; h < a.num_k_heads; ++h)
+        rope_head((const T*)a.k + t * a.k_stride_tok + h * a.k_stride_head,
+                  (T*)a.k_out + (t * a.num_k_heads + h) * D, c, s, D);
+    }
+  }
+
+  static void rope(const RopeArgs& a) {
+    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * a.head_size);
+    const int64_t n_items = (a.num_tokens + per - 1) / per;
+    threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &rope_item, (void*)&a);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// entry points (dtype dispatch)
+
+#define OCTAVO_DISPATCH_DTYPE(dt, ...)                       \
+  switch (dt) {                                              \
+    case kFloat32: { constexpr int DT = kFloat32; __VA_ARGS__; break; }   \
+    case kFloat16: { constexpr int DT = kFloat16; __VA_ARGS__; break; }   \
+    case kBFloat16: { constexpr int DT = kBFloat16; __VA_ARGS__; break; } \
+    default: break;                                          \
+  }
+
+static const char* isa_name() { return kIsaName; }
+static const char* check_shape(int dtype, int head_size, int block_size) {
+  if (dtype != kFloat32 && dtype != kFloat16 && dtype != kBFloat16) return "unsupported dtype";
+  if (head_size <= 0 || head_size % 16 || head_size > 512) return "head size must be a multiple of 16 up to 512";
+  if (block_size <= 0 || block_size % 16 || block_size > 256)
+    return "block size must be a multiple of 16 up to 256";
+  return nullptr;
+}
+static const char* paged_attention(const PagedAttentionArgs& a) {
+  if (const char* e = check_shape(a.dtype, a.head_size, a.block_size)) return e;
+  if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads) return "num_heads must be a multiple of num_kv_heads";
+  OCTAVO_DISPATCH_DTYPE(a.dtype, PagedAttention<DT>{a}());
+  return nullptr;
+}
+static const char* write_kv(const WriteKVArgs& a) {
+  if (const char* e = check_shape(a.dtype, a.head_size, a.block_size)) return e;
+  OCTAVO_DISPATCH_DTYPE(a.dtype, WriteKV<DT>::run(a));
+  return nullptr;
+}
+static void rms_norm(const RMSNormArgs& a) { OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT>::rms_norm(a)); }
+static void silu_and_mul(const SiluMulArgs& a) {
+  OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT>::silu_and_mul(a));
+}
+static void rope(const RopeArgs& a) { OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT>::rope(a)); }
+
+// The table this ISA's translation unit exports (kernels.cpp).
+const Kernels* kernels() {
+  static const Kernels table = {kIsaName, kHasBf16Dot, &paged_attention, &write_kv,
+                                &rms_norm, &silu_and_mul, &rope};
+  (void)&isa_name;
+  return &table;
+}
+
+#undef OCTAVO_DISPATCH_DTYPE
+
+}  // namespace OCTAVO_ISA_NS
+}  // namespace octavo

@@ -1,0 +1,215 @@
+"""``cpu_paged``: octavo's C++ paged attention for CPUs (AVX-512 + bf16 dot, AVX2, NEON, scalar).
+
+One kernel source (``csrc/cpu/kernels_impl.h``) built once per ISA; ``octavo.cpu_isa`` imports
+the variant this CPU runs. Mixed batches (prefill chunks with a causal mask over cached + new
+tokens, and decodes) read K/V only through the block table; the query heads that share a KV
+head are processed together; online softmax with fp32 accumulation; bf16, fp16 and fp32
+caches; work items (sequence, KV head, query tile) run on torch's OpenMP threads with the GIL
+released.
+
+KV cache layout per layer: ``[num_blocks, num_kv_heads, 2, block_size * head_size]``. The last
+dimension is the (block, KV head) tile, K then V, in the kernels' private order: K transposed
+(``[head_size/P, block_size, P]``) and V row-major (``[block_size/P, head_size, P]``) with
+``P = 2`` for 16-bit caches (the two operands of one bf16 dot-product lane side by side) and
+``P = 1`` for fp32. Chosen by measurement against a row-major K tile (``benchmarks/
+cpu_attention_bench.py --layouts``); see ``csrc/cpu/README.md``. Head sizes: multiples of 16
+up to 512; block sizes: multiples of 16 from 16 to 256 (``validate`` says why otherwise, and
+the platform falls back to ``torch_ref``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+
+DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+K_TRANSPOSED, K_ROW_MAJOR = 0, 1
+MIN_BLOCK, MAX_BLOCK = 16, 256
+MAX_HEAD = 512
+
+
+@dataclass
+class CpuPagedMetadata:
+    """``CommonAttentionMetadata`` plus the int32/int64 contiguous copies the kernels read."""
+
+    common: CommonAttentionMetadata
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    # data pointers, taken once per step
+    qsl_ptr: int = 0
+    seq_lens_ptr: int = 0
+    block_table_ptr: int = 0
+    slot_mapping_ptr: int = 0
+    bt_stride: int = 0
+
+    def __getattr__(self, name):  # anything else reads through to the common metadata
+        if name == "common":
+            raise AttributeError(name)
+        return getattr(self.common, name)
+
+
+def _i32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def build_cpu_metadata(common: CommonAttentionMetadata) -> CpuPagedMetadata:
+    qsl = _i32(common.query_start_loc)
+    seq_lens = _i32(common.seq_lens)
+    bt = _i32(common.block_table)
+    slots = common.slot_mapping
+    if slots.dtype != torch.int64 or not slots.is_contiguous():
+        slots = slots.to(torch.int64).contiguous()
+    md = CpuPagedMetadata(
+        common=common,
+        query_start_loc=qsl,
+        seq_lens=seq_lens,
+        block_table=bt,
+        slot_mapping=slots,
+        num_reqs=common.num_reqs,
+        num_actual_tokens=common.num_actual_tokens,
+        max_query_len=common.max_query_len,
+    )
+    md.qsl_ptr = qsl.data_ptr()
+    md.seq_lens_ptr = seq_lens.data_ptr()
+    md.block_table_ptr = bt.data_ptr()
+    md.slot_mapping_ptr = slots.data_ptr()
+    md.bt_stride = bt.stride(0)
+    return md
+
+
+class CpuPagedImpl(AttentionImpl):
+    k_layout = K_TRANSPOSED
+
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__(num_heads, head_size, float(scale), num_kv_heads)
+        from octavo.cpu_isa import load_extension
+
+        ext = load_extension()
+        self._write_kv = ext.write_kv
+        self._attention = ext.paged_attention
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        self._cache_info: tuple | None = None  # (data_ptr, dtype, code, block_size) of the checked cache
+
+    def _check_cache(self, kv_cache: torch.Tensor) -> tuple:
+        hk, d = self.num_kv_heads, self.head_size
+        if (
+            kv_cache.dim() != 4
+            or kv_cache.shape[1:3] != (hk, 2)
+            or kv_cache.shape[3] % d
+            or not kv_cache.is_contiguous()
+            or kv_cache.dtype not in DTYPE_CODES
+            or kv_cache.device.type != "cpu"
+        ):
+            raise ValueError(
+                f"kv_cache {tuple(kv_cache.shape)} {kv_cache.dtype} is not a cpu_paged cache for "
+                f"{hk} KV heads of size {d}"
+            )
+        info = (kv_cache.data_ptr(), kv_cache.dtype, DTYPE_CODES[kv_cache.dtype], kv_cache.shape[3] // d)
+        self._cache_info = info
+        return info
+
+    def forward(self, query, key, value, kv_cache, attn_metadata):
+        md = attn_metadata
+        if md.__class__ is not CpuPagedMetadata:
+            md = build_cpu_metadata(md)
+        info = self._cache_info
+        if info is None or info[0] != kv_cache.data_ptr():
+            info = self._check_cache(kv_cache)
+        _, dtype, code, block_size = info
+        D, H, Hk = self.head_size, self.num_heads, self.num_kv_heads
+        if query.dtype != dtype or query.stride(-1) != 1 or query.stride(-2) != D:
+            query = query.to(dtype).contiguous()
+        if key.dtype != dtype or key.stride(-1) != 1:
+            key = key.to(dtype).contiguous()
+        if value.dtype != dtype or value.stride(-1) != 1:
+            value = value.to(dtype).contiguous()
+        n = md.num_actual_tokens
+        T = query.shape[0]
+        if key.shape[0] < n or T < n or md.slot_mapping.shape[0] < n:
+            raise ValueError("query/key/value/slot_mapping hold fewer tokens than the metadata says")
+        ptr = kv_cache.data_ptr()
+        self._write_kv(
+            key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0),
+            value.stride(1), ptr, md.slot_mapping_ptr, n, Hk, D, block_size, code, self.k_layout, 0,
+        )
+        out = torch.empty((T, H, D), dtype=dtype)
+        if T > n:
+            out[n:].zero_()
+        self._attention(
+            query.data_ptr(), query.stride(0), out.data_ptr(), H * D, ptr, md.qsl_ptr,
+            md.seq_lens_ptr, md.block_table_ptr, md.bt_stride, md.num_reqs, H, Hk, D, block_size,
+            self.scale, code, self.k_layout, 0,
+        )
+        return out
+
+
+class CpuPagedBackend(AttentionBackend):
+    name = "cpu_paged"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
+
+    @classmethod
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size) -> list[str]:
+        from octavo.cpu_isa import extension_unavailable_reason
+
+        reasons = []
+        why = extension_unavailable_reason()
+        if why:
+            reasons.append(f"C++ CPU kernels unavailable: {why}")
+        if head_size % 16 or not 16 <= head_size <= MAX_HEAD:
+            reasons.append(f"head size {head_size} is not a multiple of 16 in [16, {MAX_HEAD}]")
+        if block_size % 16 or not MIN_BLOCK <= block_size <= MAX_BLOCK:
+            reasons.append(f"block size {block_size} is not a multiple of 16 in [{MIN_BLOCK}, {MAX_BLOCK}]")
+        return reasons
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        return (num_blocks, num_kv_heads, 2, block_size * head_size)
+
+    @classmethod
+    def build_metadata(cls, common: CommonAttentionMetadata) -> CpuPagedMetadata:
+        return build_cpu_metadata(common)
+
+    @classmethod
+    def get_impl_cls(cls):
+        return CpuPagedImpl
+
+
+# -- helpers for tests and benchmarks ---------------------------------------------------------
+
+def cache_from_reference(ref_cache: torch.Tensor, k_layout: int = K_TRANSPOSED) -> torch.Tensor:
+    """Repack a ``torch_ref`` cache ``[2, nb, bs, Hk, D]`` into the ``cpu_paged`` layout."""
+    _, nb, bs, hk, d = ref_cache.shape
+    p = 2 if ref_cache.element_size() == 2 else 1
+    k = ref_cache[0].permute(0, 2, 1, 3)  # [nb, Hk, bs, D]
+    v = ref_cache[1].permute(0, 2, 1, 3)
+    if k_layout == K_TRANSPOSED:
+        k = k.reshape(nb, hk, bs, d // p, p).permute(0, 1, 3, 2, 4)  # [nb, Hk, D/P, bs, P]
+    v = v.reshape(nb, hk, bs // p, p, d).permute(0, 1, 2, 4, 3)  # [nb, Hk, bs/P, D, P]
+    out = torch.stack([k.reshape(nb, hk, bs * d), v.reshape(nb, hk, bs * d)], dim=2)
+    return out.contiguous()
+
+
+def cache_to_reference(cache: torch.Tensor, head_size: int, k_layout: int = K_TRANSPOSED) -> torch.Tensor:
+    """Inverse of :func:`cache_from_reference`: back to ``[2, nb, bs, Hk, D]``."""
+    nb, hk, _, n = cache.shape
+    d = head_size
+    bs = n // d
+    p = 2 if cache.element_size() == 2 else 1
+    k = cache[:, :, 0]
+    v = cache[:, :, 1]
+    if k_layout == K_TRANSPOSED:
+        k = k.reshape(nb, hk, d // p, bs, p).permute(0, 1, 3, 2, 4)
+    k = k.reshape(nb, hk, bs, d).permute(0, 2, 1, 3)
+    v = v.reshape(nb, hk, bs // p, d, p).permute(0, 1, 2, 4, 3).reshape(nb, hk, bs, d).permute(0, 2, 1, 3)
+    return torch.stack([k, v]).contiguous()

@@ -1,0 +1,188 @@
+"""``cpu_paged`` (octavo's C++ CPU kernels) against ``torch_ref`` on randomised paged batches.
+
+Every ISA variant this machine can run is tested -- forced through ``OCTAVO_CPU_ISA`` as a user
+would, plus the plain AVX-512 build on CPUs that also have ``avx512_bf16`` -- for every
+supported head size, bf16 and fp32 (fp16 on a subset), mixed prefill / chunked-prefill /
+decode batches. The variants this machine cannot run are covered by ``nox -s test-cpu-isa``
+(qemu). Skips cleanly when the extension is not built.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo import cpu_isa
+
+if cpu_isa.extension_unavailable_reason() is not None:
+    pytest.skip(f"C++ CPU kernels unavailable: {cpu_isa.extension_unavailable_reason()}", allow_module_level=True)
+
+from octavo.attention.backends.cpu_paged import (  # noqa: E402
+    K_ROW_MAJOR,
+    CpuPagedBackend,
+    build_cpu_metadata,
+    cache_from_reference,
+    cache_to_reference,
+)
+from tests.attention.paged_cases import make_batch, reference, rel_err  # noqa: E402
+
+TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+HEAD_SIZES = [64, 80, 96, 128, 256]
+# (context, query) per request: prefill from scratch, chunked prefill over a cached prefix
+# (crossing blocks), decodes at block boundaries, a long-ish context.
+MIXED = [(0, 7), (33, 1), (17, 20), (0, 1), (63, 1), (64, 1), (5, 70), (200, 1)]
+
+
+def _variants() -> list[str]:
+    """Module variants this CPU runs and this installation has."""
+    out = []
+    for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)):
+        for v in cpu_isa.ISA_VARIANTS[isa]:
+            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v):
+                out.append(v)
+    return out
+
+
+VARIANTS = _variants()
+
+
+def run_variant(variant, q, k, v, ref_cache, md, scale, num_heads, num_kv_heads, k_layout=0):
+    from octavo.attention.backends.cpu_paged import DTYPE_CODES
+
+    ext = cpu_isa.load_variant(variant)
+    head_size = q.shape[-1]
+    block_size = ref_cache.shape[2]
+    cache = cache_from_reference(ref_cache, k_layout)
+    m = build_cpu_metadata(md)
+    n = md.num_actual_tokens
+    code = DTYPE_CODES[q.dtype]
+    ext.write_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                 cache.data_ptr(), m.slot_mapping_ptr, n, num_kv_heads, head_size, block_size, code, k_layout, 0)
+    out = torch.full_like(q, float("nan"))  # poison: every element must be written
+    ext.paged_attention(q.data_ptr(), q.stride(0), out.data_ptr(), num_heads * head_size, cache.data_ptr(),
+                        m.qsl_ptr, m.seq_lens_ptr, m.block_table_ptr, m.block_table.stride(0), md.num_reqs,
+                        num_heads, num_kv_heads, head_size, block_size, scale, code, k_layout, 0)
+    return out, cache_to_reference(cache, head_size, k_layout)
+
+
+def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0, k_layout=0):
+    q, k, v, cache, md = make_batch(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
+                                    block_size=block_size, dtype=dtype, seed=seed)
+    scale = head_size**-0.5
+    ref_out, ref_cache = reference(q, k, v, cache, md, scale)
+    out, new_cache = run_variant(variant, q, k, v, cache, md, scale, heads, kv_heads, k_layout)
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    assert torch.equal(new_cache.double(), ref_cache.to(dtype).double()), "write_kv is not an exact copy"
+    err = rel_err(out, ref_out)
+    assert err < TOL[dtype], f"{variant}: relative error {err:.2e} for {seqs}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("head_size", HEAD_SIZES)
+def test_mixed_batch_every_variant(variant, dtype, head_size):
+    heads, kv_heads = (8, 2) if head_size < 256 else (4, 2)
+    block_size = 16 if head_size in (64, 128) else 32
+    check(variant, MIXED, heads=heads, kv_heads=kv_heads, head_size=head_size, block_size=block_size,
+          dtype=dtype, seed=head_size)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("block_size", [16, 48, 64, 128])
+def test_block_sizes_fp16(variant, block_size):
+    check(variant, MIXED, heads=6, kv_heads=3, head_size=64, block_size=block_size, dtype=torch.float16,
+          seed=block_size)
+
+
+@pytest.mark.parametrize("group", [1, 4, 16])
+def test_gqa_groups(group):
+    check(VARIANTS[0], [(0, 9), (40, 1), (7, 20)], heads=2 * group, kv_heads=2, head_size=64, block_size=16,
+          dtype=torch.bfloat16)
+
+
+def test_head_size_32_fixture_size():
+    check(VARIANTS[0], MIXED, heads=4, kv_heads=2, head_size=32, block_size=16, dtype=torch.float32)
+
+
+def test_row_major_k_layout_matches():
+    """The alternative layout the benchmark measures computes the same thing."""
+    for variant in VARIANTS:
+        check(variant, MIXED, heads=8, kv_heads=2, head_size=64, block_size=32, dtype=torch.bfloat16,
+              k_layout=K_ROW_MAJOR)
+
+
+@pytest.mark.parametrize("isa", sorted({cpu_isa.isa_of(v) for v in VARIANTS}))
+def test_forced_isa_through_the_backend(isa, monkeypatch):
+    """``OCTAVO_CPU_ISA`` picks the variant the backend's impl uses."""
+    monkeypatch.setenv("OCTAVO_CPU_ISA", isa)
+    cpu_isa.clear_cache()
+    try:
+        ext = cpu_isa.load_extension()
+        assert cpu_isa.isa_of(ext.ISA) == isa
+        q, k, v, cache, md = make_batch(MIXED, num_heads=8, num_kv_heads=2, head_size=128, block_size=16,
+                                        dtype=torch.bfloat16, seed=3)
+        scale = 128**-0.5
+        ref_out, ref_cache = reference(q, k, v, cache, md, scale)
+        impl = CpuPagedBackend.get_impl_cls()(8, 128, scale, 2)
+        c = cache_from_reference(cache)
+        out = impl.forward(q, k, v, c, CpuPagedBackend.build_metadata(md))
+        assert torch.equal(cache_to_reference(c, 128).double(), ref_cache.to(torch.bfloat16).double())
+        assert rel_err(out, ref_out) < TOL[torch.bfloat16]
+    finally:
+        monkeypatch.delenv("OCTAVO_CPU_ISA")
+        cpu_isa.clear_cache()
+
+
+def test_forcing_an_isa_the_cpu_lacks_is_refused():
+    foreign = "neon" if cpu_isa.machine() == "x86_64" else "avx2"
+    with pytest.raises(ValueError, match=f"OCTAVO_CPU_ISA={foreign} but this CPU"):
+        cpu_isa.select_variant(foreign)
+    with pytest.raises(ValueError, match="is not one of"):
+        cpu_isa.select_variant("sse9")
+
+
+def test_validate_reasons():
+    ok = CpuPagedBackend.validate(128, torch.bfloat16, "auto", 16)
+    assert ok == []
+    reasons = CpuPagedBackend.validate(72, torch.bfloat16, "auto", 8)
+    assert any("head size 72" in r for r in reasons)
+    assert any("block size 8" in r for r in reasons)
+    assert CpuPagedBackend.validate(64, torch.bfloat16, "fp8", 16)
+
+
+def test_kv_cache_shape_and_repacking_round_trip():
+    shape = CpuPagedBackend.get_kv_cache_shape(5, 16, 2, 64)
+    assert shape == (5, 2, 2, 16 * 64)
+    ref = torch.randn(2, 5, 16, 2, 64).to(torch.bfloat16)
+    for layout in (0, K_ROW_MAJOR):
+        assert torch.equal(cache_to_reference(cache_from_reference(ref, layout), 64, layout), ref)
+
+
+def test_padded_tokens_are_zero_and_slots_negative_skip():
+    """Padding rows beyond num_actual_tokens come back zero; slot -1 writes nothing."""
+    q, k, v, cache, md = make_batch([(3, 2)], num_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+                                    dtype=torch.float32)
+    impl = CpuPagedBackend.get_impl_cls()(4, 64, 0.125, 2)
+    c = cache_from_reference(cache)
+    qp = torch.cat([q, torch.randn(3, 4, 64)])
+    kp = torch.cat([k, torch.randn(3, 2, 64)])
+    vp = torch.cat([v, torch.randn(3, 2, 64)])
+    out = impl.forward(qp, kp, vp, c, CpuPagedBackend.build_metadata(md))
+    assert out.shape == (5, 4, 64) and torch.count_nonzero(out[2:]) == 0
+    ref_out, _ = reference(q, k, v, cache, md, 0.125)
+    assert rel_err(out[:2], ref_out) < TOL[torch.float32]
+
+
+def test_engine_greedy_tokens_match_torch_ref(llama_dir, monkeypatch):
+    """The whole engine on cpu_paged generates the torch_ref tokens (float32, greedy)."""
+    from octavo import LLM, SamplingParams
+
+    prompts = ["def hello world", "the paged attention kernel of the engine", "data"]
+    sp = SamplingParams(temperature=0.0, max_tokens=12)
+    outs = {}
+    for backend in ("cpu_paged", "torch_ref"):
+        monkeypatch.setenv("OCTAVO_ATTENTION_BACKEND", backend)
+        llm = LLM(model=llama_dir, dtype="float32", max_model_len=256, block_size=16)
+        outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+        del llm
+    assert outs["cpu_paged"] == outs["torch_ref"]

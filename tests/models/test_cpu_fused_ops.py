@@ -1,0 +1,120 @@
+"""The fused CPU ops (``octavo.models.cpu_fused_ops``) against the eager torch code they replace.
+
+bf16/fp16 results must round where the eager ops round, so they agree to the last bit except
+where fp32 reduction order or ``exp``'s last bit flips a rounding; fp32 agrees to ~1e-6. (The
+layers use them for bf16/fp16 only; fp32 is checked by calling the kernels directly.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+cfo = pytest.importorskip("octavo.models.cpu_fused_ops", reason="C++ CPU kernels not built")
+
+from octavo.models import layers  # noqa: E402
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _fused(fn, *args):
+    """Call through layers.py with the fused path forced on (also for fp32)."""
+    old = cfo._HALF
+    cfo._HALF = (torch.bfloat16, torch.float16, torch.float32)
+    try:
+        return fn(*args)
+    finally:
+        cfo._HALF = old
+
+
+def _eager(fn, *args):
+    old = cfo.ENABLED
+    cfo.ENABLED = False
+    try:
+        return fn(*args)
+    finally:
+        cfo.ENABLED = old
+
+
+def _close(a, b, dtype):
+    if dtype == torch.float32:
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+    else:
+        # at most a few elements one rounding step apart
+        diff = (a.float() - b.float()).abs()
+        assert (diff > 0).float().mean() < 0.01, f"{(diff > 0).sum()} of {diff.numel()} differ"
+        torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [576, 64, 37])
+def test_rms_norm(dtype, n):
+    torch.manual_seed(n)
+    norm = layers.RMSNorm(n, 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(n))
+    x = torch.randn(7, n).to(dtype)
+    r = torch.randn(7, n).to(dtype)
+    with torch.inference_mode():
+        _close(_fused(norm, x), _eager(norm, x), dtype)
+        out, res = _fused(norm, x, r)
+        eout, eres = _eager(norm, x, r)
+        assert torch.equal(res, eres), "x + residual must be exact"
+        _close(out, eout, dtype)
+        # strided input (a q/k-norm over heads of a fused qkv output)
+        xs = torch.randn(5, 3 * n).to(dtype)[:, n : 2 * n]
+        _close(_fused(norm, xs), _eager(norm, xs), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(9, 2 * 1536) * 4).to(dtype)
+    with torch.inference_mode():
+        _close(_fused(layers.silu_and_mul, x), _eager(layers.silu_and_mul, x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
+def test_rope_on_strided_views(dtype, head_dim):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, rope_theta=10000.0)
+    torch.set_default_dtype(dtype)
+    try:
+        rope = layers.RotaryEmbedding(cfg, head_dim, 512, dtype)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    qkv = torch.randn(6, (4 + 2 * 2) * head_dim).to(dtype)
+    q = qkv[:, : 4 * head_dim].view(6, 4, head_dim)
+    k = qkv[:, 4 * head_dim : 6 * head_dim].view(6, 2, head_dim)
+    pos = torch.tensor([0, 1, 5, 100, 511, 7])
+    with torch.inference_mode():
+        fq, fk = _fused(rope, pos, q, k)
+        eq, ek = _eager(rope, pos, q, k)
+    _close(fq, eq, dtype)
+    _close(fk, ek, dtype)
+
+
+def test_fp32_stays_on_the_eager_path():
+    assert layers._use_fused(torch.zeros(2, 2)) is None
+    assert layers._use_fused(torch.zeros(2, 2, dtype=torch.bfloat16)) is cfo
+
+
+def test_prepacked_linear_is_bit_identical_and_tracks_weight_updates():
+    if not cfo.PREPACK:
+        pytest.skip("torch has no oneDNN prepacking here")
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(576, 960, bias=True).to(torch.bfloat16)
+    for m in (1, 5, 32):
+        x = torch.randn(m, 576).to(torch.bfloat16)
+        with torch.inference_mode():
+            assert torch.equal(layers.linear(lin, x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    with torch.no_grad():
+        lin.weight.mul_(2)  # in place: the packed copy must be rebuilt
+    with torch.inference_mode():
+        assert torch.equal(layers.linear(lin, x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    # fp32 keeps the plain path
+    lin32 = torch.nn.Linear(16, 8)
+    x32 = torch.randn(3, 16)
+    assert not cfo.linear_usable(lin32, x32)
