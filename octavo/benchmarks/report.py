@@ -63,14 +63,9 @@ def _git_commit() -> str | None:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return _py_platform.processor() or _py_platform.machine()
+    from octavo.platforms.cpu import CpuPlatform
+
+    return CpuPlatform.get_device_name()
 
 
 def collect_environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
