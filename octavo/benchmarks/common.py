@@ -84,6 +84,33 @@ def make_llm(args: argparse.Namespace) -> tuple[Any, float]:
     return llm, time.perf_counter() - t0
 
 
+def load_engines(
+    args: argparse.Namespace, backends: list[str], mc: Any, runs_key: str
+) -> tuple[Any, Any, dict[str, Any], dict[str, Any]]:
+    """Build the octavo engine and/or the HF model the run compares.
+
+    Returns ``(llm, hf_model, results, env_extra)``: ``results[backend]`` starts with load and
+    startup times and an empty ``runs_key`` list; ``env_extra`` holds engine facts for the report.
+    """
+    from octavo.benchmarks import report as rep
+
+    results: dict[str, Any] = {}
+    env_extra: dict[str, Any] = setup_run(args)
+    llm = hf_model = None
+    if "octavo" in backends:
+        llm, startup = make_llm(args)
+        env_extra.update(rep.engine_facts(llm.llm_engine))
+        load_s = llm.llm_engine.core.executor.load_seconds
+        results["octavo"] = {"summary": {"model_load_s": load_s, "startup_s": startup}, runs_key: []}
+    if "hf" in backends:
+        from octavo.benchmarks.hf_backend import load_hf_model
+
+        hf_model, load_s = load_hf_model(mc.model, mc.dtype, mc.load_format, mc.seed)
+        env_extra["hf_attn_implementation"] = getattr(hf_model.config, "_attn_implementation", None)
+        results["hf"] = {"summary": {"model_load_s": load_s, "startup_s": load_s}, runs_key: []}
+    return llm, hf_model, results, env_extra
+
+
 def median_run(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
     """The run with the median ``key`` (the lower median for an even count): one real run, so
     its numbers stay consistent with each other."""

@@ -26,11 +26,10 @@ from octavo.benchmarks import report as rep
 from octavo.benchmarks.common import (
     add_backend_args,
     engine_config,
+    load_engines,
     load_tokenizer,
-    make_llm,
     paired_ratios,
     parse_backends,
-    setup_run,
 )
 from octavo.benchmarks.datasets import SampleRequest, random_requests, special_ids
 
@@ -120,20 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer(config)
     vocab, special = len(tokenizer), special_ids(tokenizer)
 
-    results: dict[str, Any] = {}
-    env_extra: dict[str, Any] = setup_run(args)
-    llm = hf_model = None
-    if "octavo" in backends:
-        llm, startup = make_llm(args)
-        env_extra.update(rep.engine_facts(llm.llm_engine))
-        results["octavo"] = {"summary": {"model_load_s": llm.llm_engine.core.runner.load_seconds,
-                                         "startup_s": startup}, "iterations": []}
-    if "hf" in backends:
-        from octavo.benchmarks.hf_backend import load_hf_model
-
-        hf_model, load_s = load_hf_model(mc.model, mc.dtype, mc.load_format, mc.seed)
-        env_extra["hf_attn_implementation"] = getattr(hf_model.config, "_attn_implementation", None)
-        results["hf"] = {"summary": {"model_load_s": load_s, "startup_s": load_s}, "iterations": []}
+    llm, hf_model, results, env_extra = load_engines(args, backends, mc, "iterations")
 
     def one(b: str, reqs: list[SampleRequest]) -> dict[str, Any]:
         if b == "octavo":

@@ -18,12 +18,11 @@ from octavo.benchmarks import report as rep
 from octavo.benchmarks.common import (
     add_backend_args,
     engine_config,
+    load_engines,
     load_tokenizer,
-    make_llm,
     median_run,
     paired_ratios,
     parse_backends,
-    setup_run,
 )
 from octavo.benchmarks.datasets import SampleRequest, get_requests, random_requests, special_ids
 
@@ -97,21 +96,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return get_requests(args.dataset, tokenizer, args.num_prompts, args.input_len,
                             args.output_len, seed=args.seed + 1 + r, max_model_len=mc.max_model_len)
 
-    results: dict[str, Any] = {}
-    env_extra: dict[str, Any] = setup_run(args)
-    llm = hf_model = None
-    if "octavo" in backends:
-        llm, startup = make_llm(args)
-        env_extra.update(rep.engine_facts(llm.llm_engine))
-        results["octavo"] = {"summary": {"model_load_s": llm.llm_engine.core.runner.load_seconds,
-                                         "startup_s": startup}, "runs": []}
-    if "hf" in backends:
-        from octavo.benchmarks.hf_backend import load_hf_model
-
-        hf_model, load_s = load_hf_model(mc.model, mc.dtype, mc.load_format, mc.seed)
-        env_extra["hf_attn_implementation"] = getattr(hf_model.config, "_attn_implementation", None)
-        results["hf"] = {"summary": {"model_load_s": load_s, "startup_s": load_s}, "runs": [],
-                         "batch_size": args.hf_batch_size or args.num_prompts}
+    llm, hf_model, results, env_extra = load_engines(args, backends, mc, "runs")
+    if "hf" in results:
+        results["hf"]["batch_size"] = args.hf_batch_size or args.num_prompts
 
     # Warm-up: the workload's batch shape with a few output tokens, different ids.
     warm_len = args.input_len if args.dataset == "random" else 32

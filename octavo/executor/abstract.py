@@ -12,6 +12,7 @@ class WorkerDiedError(RuntimeError):
 class Executor:
     attn_backend_name: str = "?"
     model_bytes: int = 0
+    load_seconds: float = 0.0  # weight loading, slowest worker
 
     def determine_num_blocks(self) -> int:
         raise NotImplementedError

@@ -96,6 +96,7 @@ class MultiprocExecutor(DistributedExecutor):
         infos = self._collect(timeout=None)
         self.attn_backend_name = infos[0]["attn_backend"]
         self.model_bytes = sum(i["model_bytes"] for i in infos)
+        self.load_seconds = max(i["load_seconds"] for i in infos)
         logger.info("started %d tensor-parallel workers (%s)", world, init_method)
 
     def _collect(self, timeout: float | None) -> list:

@@ -68,6 +68,7 @@ class RayExecutor(DistributedExecutor):
         infos = self._call("info")
         self.attn_backend_name = infos[0]["attn_backend"]
         self.model_bytes = sum(i["model_bytes"] for i in infos)
+        self.load_seconds = max(i["load_seconds"] for i in infos)
 
     def _call(self, method: str, arg=None) -> list:
         data = messages.pack([method, arg])

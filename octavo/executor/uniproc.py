@@ -13,6 +13,7 @@ class UniProcExecutor(Executor):
         info = self.worker.info()
         self.attn_backend_name = info["attn_backend"]
         self.model_bytes = info["model_bytes"]
+        self.load_seconds = info["load_seconds"]
 
     @property
     def runner(self):
