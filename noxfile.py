@@ -222,17 +222,19 @@ def test_cpu_isa(session: nox.Session) -> None:
     build = str(ROOT / "tests" / "csrc" / "build.sh")
     with tempfile.TemporaryDirectory() as tmp:
         x86, arm = f"{tmp}/test_kernels_x86_64", f"{tmp}/test_kernels_aarch64"
-        session.run("bash", build, "x86_64", x86, external=True)
-        session.run("bash", build, "aarch64", arm, external=True)
+        builds = [subprocess.Popen(["bash", build, a, out]) for a, out in (("x86_64", x86), ("aarch64", arm))]
+        if any(b.wait() for b in builds):
+            session.error("building tests/csrc/test_kernels.cpp failed")
         session.run(x86, external=True)
-        session.run("qemu-x86_64", "-cpu", "Haswell", x86, "--expect-isa", "avx2", external=True)
+        # Under emulation: every head size and dtype, two block sizes (--quick), to fit CI.
+        session.run("qemu-x86_64", "-cpu", "Haswell", x86, "--expect-isa", "avx2", "--quick", external=True)
         probe = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", x86, "--force", "avx512"],
                                capture_output=True, text=True, check=False)
         if probe.returncode not in (132, -4):  # SIGILL
             session.error(f"forced AVX-512 under -cpu Haswell did not raise SIGILL (rc {probe.returncode}): "
                           "the emulator does not trap AVX-512, so the Haswell run proves nothing")
         session.log("negative control: forced AVX-512 under -cpu Haswell died with SIGILL, as it must")
-        session.run("qemu-aarch64", arm, "--expect-isa", "neon", external=True)
+        session.run("qemu-aarch64", arm, "--expect-isa", "neon", "--quick", external=True)
     if "--python" in session.posargs:
         code = (
             "import octavo.cpu_isa as c\n"

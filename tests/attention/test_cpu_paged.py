@@ -133,12 +133,21 @@ def test_forced_isa_through_the_backend(isa, monkeypatch):
         cpu_isa.clear_cache()
 
 
-def test_forcing_an_isa_the_cpu_lacks_is_refused():
+def test_forcing_an_isa_the_cpu_lacks_is_refused(monkeypatch):
     foreign = "neon" if cpu_isa.machine() == "x86_64" else "avx2"
     with pytest.raises(ValueError, match=f"OCTAVO_CPU_ISA={foreign} but this CPU"):
         cpu_isa.select_variant(foreign)
     with pytest.raises(ValueError, match="is not one of"):
         cpu_isa.select_variant("sse9")
+    # through the backend: an error naming the ISA, not a silent fall back to torch_ref
+    monkeypatch.setenv("OCTAVO_CPU_ISA", foreign)
+    cpu_isa.clear_cache()
+    try:
+        with pytest.raises(ValueError, match="lacks it"):
+            CpuPagedBackend.validate(64, torch.bfloat16, "auto", 16)
+    finally:
+        monkeypatch.delenv("OCTAVO_CPU_ISA")
+        cpu_isa.clear_cache()
 
 
 def test_validate_reasons():

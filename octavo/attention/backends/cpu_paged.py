@@ -160,8 +160,11 @@ class CpuPagedBackend(AttentionBackend):
 
     @classmethod
     def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size) -> list[str]:
-        from octavo.cpu_isa import extension_unavailable_reason
+        from octavo import envs
+        from octavo.cpu_isa import extension_unavailable_reason, select_variant
 
+        if envs.OCTAVO_CPU_ISA:
+            select_variant()  # a forced ISA this CPU lacks is an error, not a silent fallback
         reasons = []
         why = extension_unavailable_reason()
         if why:
