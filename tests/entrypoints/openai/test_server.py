@@ -514,7 +514,7 @@ def test_engine_killed_during_requests(server, client):
 
     def blocking_request():
         try:
-            client.completions.create(model=MODEL, prompt="never finishes", max_tokens=240,
+            client.completions.create(model=MODEL, prompt="never finishes", max_tokens=240, n=4,
                                       extra_body={"ignore_eos": True})
         except Exception as e:
             result["error"] = e
@@ -525,7 +525,7 @@ def test_engine_killed_during_requests(server, client):
     it = iter(stream)
     next(it)  # the stream is running
     t.start()
-    time.sleep(0.3)
+    time.sleep(0.1)  # 4 x 240 tokens plus the stream: far longer than this, however fast
     os.kill(server.engine_pid, signal.SIGKILL)
     with pytest.raises(openai.APIError) as e:
         for _ in it:
