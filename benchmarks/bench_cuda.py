@@ -6,6 +6,7 @@
     python benchmarks/bench_cuda.py octavo --shape llama8b           # latency, graphs, throughput
     python benchmarks/bench_cuda.py hf-generate --shape llama8b      # HF generate, batch 128
     python benchmarks/bench_cuda.py hf-generate-batch --shape llama8b
+    python benchmarks/bench_cuda.py async --shape llama8b            # batch 1, async scheduling on/off
 
 Models are Llama-3.1-8B and Qwen2.5-0.5B *shapes*: ``config.json`` files written here (no
 download) with random weights (octavo ``load_format="dummy"``, HF ``from_config``), bf16.
@@ -16,7 +17,10 @@ never shrinks another's. Each subcommand prints one JSON line prefixed ``RESULT`
 - batch-1 TPOT: (wall time of a 256-token generate - wall time of a 1-token generate) / 255,
   both on fresh random 512-token prompts, median of 3, graphs on, then off;
 - throughput: 128 requests x (512 random prompt tokens, 256 output tokens, ignore_eos);
-- graphs on/off: decode time per step at batch 1 and 32 (graphs toggled on the same engine).
+- graphs on/off: decode time per step at batch 1 and 32 (graphs toggled on the same engine);
+- async: batch-1 TPOT with async scheduling on and off, interleaved on one engine (median of
+  3 each), the copy bandwidth measured in the same process, and greedy tokens of both modes
+  compared (``--shape tiny`` dry-runs it on a CPU).
 """
 
 from __future__ import annotations
@@ -80,7 +84,18 @@ SHAPES = {
     },
 }
 
+SHAPES["tiny"] = {**SHAPES["llama8b"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
+                  "torch_dtype": "float32"}
+
 PROMPT_LEN, OUTPUT_LEN, NUM_REQS = 512, 256, 128
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def log(*a):
@@ -180,12 +195,10 @@ def cmd_kernels(args) -> dict:
 
 # -- octavo -------------------------------------------------------------------------------
 def _timed_generate(llm, prompts, max_tokens):
-    import torch
-
     from octavo import SamplingParams
 
     sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     t = time.perf_counter() - t0
@@ -345,6 +358,60 @@ def cmd_octavo(args) -> dict:
     phase("graphs_on_off", graphs_on_off)
     phase("variants", variants)
     r["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+    result(r)
+    return r
+
+
+def cmd_async(args) -> dict:
+    """Batch-1 decode with async scheduling on vs off on one engine, against the roofline."""
+    import torch
+
+    from octavo import LLM, SamplingParams
+
+    r: dict = {"bench": "async", "shape": args.shape}
+    if torch.cuda.is_available():
+        r["bandwidth_Bps"] = cmd_bandwidth(args)["bandwidth_Bps"]
+        torch.cuda.empty_cache()
+    model_dir = write_model_dir(args.shape, Path(args.model_root))
+    vocab = SHAPES[args.shape]["vocab_size"]
+    llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16" if torch.cuda.is_available() else "float32",
+              max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=2048, enable_prefix_caching=False,
+              gpu_memory_utilization=0.85, enforce_eager=args.enforce_eager, async_scheduling=True)
+    core = llm.llm_engine.core
+    runner = core.runner
+    r.update(weight_bytes=runner.model_bytes(), graphs=runner.graph_runner is not None)
+
+    def mode(on: bool) -> None:
+        assert core._inflight is None, "a step is still in flight"
+        core.async_scheduling = on
+
+    _timed_generate(llm, random_prompts(1, PROMPT_LEN, vocab, 98), 8)  # warm-up (compiles)
+    mode(False)
+    _timed_generate(llm, random_prompts(1, PROMPT_LEN, vocab, 97), 8)
+    samples: dict[str, list[float]] = {"async": [], "sync": []}
+    for rep in range(args.reps):
+        for on in (True, False):
+            mode(on)
+            t, _ = _decode_step_time(llm, 1, vocab, 1000 + 10 * rep + on, args.output_len, reps=1)
+            samples["async" if on else "sync"].append(t)
+            log(f"rep {rep} async={on}: TPOT {t * 1e3:.3f} ms")
+    for k, v in samples.items():
+        r[f"tpot_b1_{k}_s"] = statistics.median(v)
+        r[f"tpot_b1_{k}_samples"] = v
+    if "bandwidth_Bps" in r:
+        roof = r["weight_bytes"] / r["bandwidth_Bps"]
+        r["roofline_s"] = roof
+        for k in samples:
+            r[f"tpot_b1_{k}_vs_roofline"] = r[f"tpot_b1_{k}_s"] / roof
+    # Same greedy tokens in both modes (4 requests, mixed lengths, one stop token).
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(4, 64, vocab, 55)]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True, detokenize=False) for m in (40, 7, 33, 21)]
+    toks = {}
+    for on in (True, False):
+        mode(on)
+        toks[on] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    r["async_tokens_identical"] = toks[True] == toks[False]
+    log(json.dumps(r))
     result(r)
     return r
 
@@ -510,7 +577,7 @@ def main() -> None:
     p = sub.add_parser("summary")
     p.add_argument("logs", nargs="+")
     p.add_argument("--out", default=None)
-    for name in ("bandwidth", "kernels", "octavo", "hf-generate", "hf-generate-batch", "all"):
+    for name in ("bandwidth", "kernels", "octavo", "hf-generate", "hf-generate-batch", "all", "async"):
         p = sub.add_parser(name)
         p.add_argument("--shape", default="llama8b", choices=sorted(SHAPES))
         p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "octavo_bench_models"))
@@ -521,15 +588,18 @@ def main() -> None:
             p.add_argument("--timeout", type=float, default=300)
             p.add_argument("--hf-batch-timeout", type=float, default=150)
             p.add_argument("--skip-hf", action="store_true")
+        if name == "async":
+            p.add_argument("--reps", type=int, default=3)
+            p.add_argument("--output-len", type=int, default=OUTPUT_LEN)
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    if args.cmd == "octavo":
+    if args.cmd in ("octavo", "async"):
         from octavo.logger import configure_logging
 
         configure_logging()  # the startup lines: memory profile, graph capture, KV tokens
     fn = {"bandwidth": cmd_bandwidth, "kernels": cmd_kernels, "octavo": cmd_octavo,
           "hf-generate": cmd_hf_generate, "hf-generate-batch": cmd_hf_generate_batch,
-          "all": cmd_all, "summary": cmd_summary}[args.cmd]
+          "all": cmd_all, "summary": cmd_summary, "async": cmd_async}[args.cmd]
     fn(args)
 
 

@@ -4,7 +4,8 @@
 #   OUT=/some/dir DEADLINE_S=570 bash benchmarks/h200_session.sh [steps...]
 # Steps (default: all, in this order): env pytest_kernels octavo_llama8b hf_llama8b
 #   pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b
-#   (pytest_llama: the engine tests of the llama fixture and memory profiling only)
+#   (pytest_llama: the engine tests of the llama fixture and memory profiling only;
+#    async_llama8b: batch-1 TPOT with async scheduling on vs off, bandwidth in the same process)
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -34,6 +35,7 @@ step_pytest_kernels() { run 150 pytest.log python3 -m pytest -m cuda -n 8 -q -p 
 step_pytest_engine() { run 200 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rA tests --deselect tests/attention --deselect tests/models/test_fused_ops.py; }
 step_pytest_llama() { run 120 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rA tests/worker tests/platforms/test_conformance_accelerators.py -k "llama or memory_profile or greedy_matches_cpu"; }
 step_octavo_llama8b() { run 200 bench.log $B octavo --shape llama8b; }
+step_async_llama8b() { run 150 bench.log $B async --shape llama8b; }
 step_octavo_qwen05b() { run 120 bench.log $B octavo --shape qwen05b; }
 step_hf_llama8b() { run 100 bench.log $B hf-generate --shape llama8b; }
 step_hf_qwen05b() { run 60 bench.log $B hf-generate --shape qwen05b; }

@@ -107,6 +107,8 @@ class SchedulerConfig:
     policy: str = "fcfs"
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
+    # Schedule step N+1 while step N runs on the device (see octavo/core/scheduler.py).
+    async_scheduling: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,8 @@ class EngineArgs:
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
     enforce_eager: bool = False
+    # None: on for accelerators with one device, off on CPU (where a step runs synchronously).
+    async_scheduling: bool | None = None
 
     def _validate(self) -> None:
         _check(self.dtype in ("auto", *_DTYPES), "dtype", f"auto or one of {sorted(_DTYPES)}", self.dtype)
@@ -207,6 +211,8 @@ class EngineArgs:
         _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1", self.tensor_parallel_size)
         _check(self.pipeline_parallel_size == 1, "pipeline_parallel_size", "1 (pipeline parallelism is reserved)", self.pipeline_parallel_size)
         _check(self.distributed_executor_backend in ("mp", "ray"), "distributed_executor_backend", "mp or ray", self.distributed_executor_backend)
+        if self.async_scheduling:
+            _check(self.tensor_parallel_size == 1, "async_scheduling", "off with tensor_parallel_size > 1 (multi-process steps are synchronous)", self.async_scheduling)
 
     def create_engine_config(self) -> OctavoConfig:
         from octavo.platforms import current_platform
@@ -250,6 +256,10 @@ class EngineArgs:
         if not self.enable_chunked_prefill:
             _check(batched >= max_model_len, "max_num_batched_tokens", f">= max_model_len ({max_model_len}) without chunked prefill", batched)
 
+        async_scheduling = self.async_scheduling
+        if async_scheduling is None:
+            async_scheduling = current_platform.device_type != "cpu" and self.tensor_parallel_size == 1
+
         model_config = ModelConfig(
             model=model_dir,
             tokenizer=self.tokenizer or model_dir,
@@ -278,6 +288,7 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 enable_chunked_prefill=self.enable_chunked_prefill,
+                async_scheduling=async_scheduling,
             ),
             device_config=DeviceConfig(device=current_platform.device_type),
             parallel_config=ParallelConfig(
@@ -315,6 +326,10 @@ class EngineArgs:
         parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
         parser.add_argument("--distributed-executor-backend", default="mp", choices=["mp", "ray"])
         parser.add_argument("--enforce-eager", action="store_true")
+        parser.add_argument(
+            "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+            help="Prepare the next step while the device runs the current one (default: on for one accelerator, off on CPU).",
+        )
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

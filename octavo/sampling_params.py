@@ -152,6 +152,20 @@ class SamplingParams:
         return SamplingType.RANDOM
 
     @property
+    def needs_output_history(self) -> bool:
+        """Sampling reads this request's generated token ids (penalties, bad words).
+
+        Such a request cannot sample while its previous token is still on the device, so the
+        engine does not overlap steps (async scheduling) while one is running.
+        """
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self._bad_words_token_ids)
+        )
+
+    @property
     def all_stop_token_ids(self) -> set[int]:
         return set(self.stop_token_ids)
 

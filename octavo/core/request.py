@@ -70,6 +70,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled by steps still in flight (async scheduling): scheduled as inputs of the
+        # next step before their values are known; 0 whenever no step is in flight.
+        self.num_output_placeholders = 0
         # Number of prompt tokens served from the prefix cache at the last admission.
         self.num_cached_tokens = 0
         self.num_preemptions = 0

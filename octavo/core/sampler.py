@@ -215,9 +215,9 @@ class Sampler(nn.Module):
         if md.allowed_token_ids_mask is not None:
             logits.masked_fill_(md.allowed_token_ids_mask, neg_inf)
         if md.bad_words_mask is not None:
-            logits.index_put_(md.bad_words_mask, torch.tensor(neg_inf, device=logits.device))
+            logits.index_put_(md.bad_words_mask, torch.full((), neg_inf, device=logits.device))
         if md.min_tokens_mask is not None:
-            logits.index_put_(md.min_tokens_mask, torch.tensor(neg_inf, device=logits.device))
+            logits.index_put_(md.min_tokens_mask, torch.full((), neg_inf, device=logits.device))
         if md.logit_bias is not None:
             rows, toks, vals = md.logit_bias
             logits.index_put_((rows, toks), vals, accumulate=True)

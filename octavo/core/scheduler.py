@@ -16,6 +16,15 @@ hands out ``max_num_batched_tokens`` so that computed catches up with target:
    the prefix cache for every full prompt block, so the prompt is computed once, not ``n``
    times.
 
+Async scheduling (the engine schedules step N+1 while step N runs): a step that samples for a
+request adds an output *placeholder*; the next step may compute that token before its value
+is known (the runner feeds it from the device), so the target is ``num_tokens +
+num_output_placeholders``. A request whose placeholders already reach ``max_tokens`` or the
+longest sequence is not scheduled again; one that stops on a token only known later (EOS, a
+stop token) computes one token too many, which ``update_from_output`` drops. Preemption and
+finishing clear placeholders. Without async scheduling a placeholder lives from ``schedule``
+to ``update_from_output`` of the same step and changes nothing.
+
 Invariants:
 - a request is in exactly one of ``running`` / ``waiting`` until it finishes; ``requests``
   holds exactly the unfinished ones;
@@ -152,9 +161,17 @@ class Scheduler:
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        req.num_output_placeholders = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend(req)
+
+    def _at_length_limit(self, req: Request) -> bool:
+        """The tokens in flight already reach ``max_tokens`` or the longest sequence."""
+        pending = req.num_output_placeholders
+        return (req.max_tokens is not None and req.num_output_tokens + pending >= req.max_tokens) or (
+            req.num_tokens + pending >= self.max_seq_len
+        )
 
     def _clip(self, n: int, budget: int) -> int:
         if self.long_prefill_token_threshold > 0:
@@ -188,8 +205,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = self._clip(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0:
+            n = self._clip(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, budget)
+            if n <= 0 or (req.num_output_placeholders and self._at_length_limit(req)):
                 i += 1
                 continue
             new_blocks = None
@@ -277,8 +294,14 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted},
         )
         self._finished_req_ids = set()
+        scheduled = {}
         for rid, n in num_scheduled.items():
-            self.requests[rid].num_computed_tokens += n
+            req = self.requests[rid]
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens + req.num_output_placeholders:
+                req.num_output_placeholders += 1  # this step samples the next token
+            scheduled[rid] = req
+        out.scheduled_requests = scheduled  # engine-side only (never serialized)
         return out
 
     # -- after the model ran --------------------------------------------------------------
@@ -319,12 +342,17 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         logprobs = runner_output.logprobs
         prompt_lps = runner_output.prompt_logprobs or {}
+        scheduled = getattr(scheduler_output, "scheduled_requests", None)
         for idx, (rid, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
         ):
             req = self.requests.get(rid)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # finished or preempted while the step ran
+            if scheduled is not None and scheduled.get(rid) is not req:
+                continue  # the id now names a newer request (the old one ended meanwhile)
+            if token_ids and req.num_output_placeholders:
+                req.num_output_placeholders -= 1
             plp = self._new_prompt_logprobs(req, prompt_lps.get(rid))
             if not token_ids:
                 if plp:

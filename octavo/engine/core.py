@@ -3,6 +3,12 @@
 ``step`` = schedule -> execute -> update. It knows token ids only (no text); the input and
 output processors around it tokenize and detokenize. The same object runs in-process for the
 offline ``LLM`` class and inside the engine process when serving.
+
+With async scheduling one step stays in flight between calls: ``step`` schedules and launches
+step N+1, then waits for step N and returns its outputs, so the host's scheduling, input
+preparation and output handling overlap the device's work instead of leaving it idle. Steps
+are not overlapped while a running request samples from its own generated tokens
+(penalties, bad words): those wait for the previous step, exactly as without async.
 """
 
 from __future__ import annotations
@@ -40,14 +46,17 @@ class EngineCore:
             long_prefill_token_threshold=sc.long_prefill_token_threshold,
             enable_chunked_prefill=sc.enable_chunked_prefill,
         )
+        self.async_scheduling = sc.async_scheduling and self.executor.supports_async_scheduling
+        self._inflight: tuple | None = None  # (SchedulerOutput, handle) launched, not resulted
         self.startup_seconds = time.perf_counter() - t0
         mc = config.model_config
         logger.info(
-            "platform %s | attention %s | graphs %s | dtype %s | KV cache %d blocks x %d = %d tokens "
-            "| weights %.1f MiB | ready in %.2fs",
+            "platform %s | attention %s | graphs %s | async scheduling %s | dtype %s | KV cache %d "
+            "blocks x %d = %d tokens | weights %.1f MiB | ready in %.2fs",
             platform.name,
             self.executor.attn_backend_name,
             "none" if config.enforce_eager else platform.graph_capture,
+            "on" if self.async_scheduling else "off",
             str(mc.dtype).removeprefix("torch."),
             num_blocks,
             cc.block_size,
@@ -71,14 +80,33 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._inflight is not None
 
     def step(self) -> list[EngineCoreOutput]:
+        if self.async_scheduling or self._inflight is not None:
+            return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return []
         so = self.scheduler.schedule()
         runner_out = self.executor.execute_model(so)
         return self.scheduler.update_from_output(so, runner_out)
+
+    def _can_overlap(self) -> bool:
+        return not any(r.sampling_params.needs_output_history for r in self.scheduler.running)
+
+    def _step_async(self) -> list[EngineCoreOutput]:
+        prev, self._inflight = self._inflight, None
+        overlap = prev is None or (self.async_scheduling and self._can_overlap())
+        if self.scheduler.has_unfinished_requests() and overlap:
+            so = self.scheduler.schedule()
+            if so.total_num_scheduled_tokens:
+                self._inflight = (so, self.executor.execute_model_async(so))
+            else:  # nothing to compute (every request waits on the step in flight): bookkeeping only
+                self.executor.execute_model(so)
+        if prev is None:
+            return []
+        so_prev, handle = prev
+        return self.scheduler.update_from_output(so_prev, handle.result())
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()

@@ -71,7 +71,8 @@ class LLMEngine:
             self.core.abort_requests(self.output_processor.abort(rid))
 
     def has_unfinished_requests(self) -> bool:
-        return self.output_processor.has_unfinished()
+        # The core may still hold a step in flight (async scheduling) for finished requests.
+        return self.output_processor.has_unfinished() or self.core.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.output_processor.states)

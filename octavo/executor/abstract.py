@@ -9,10 +9,23 @@ class WorkerDiedError(RuntimeError):
     """A worker process or actor is gone; the engine cannot continue."""
 
 
+class ReadyStep:
+    """A step already computed: the handle ``execute_model_async`` returns by default."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self._output = output
+
+    def result(self) -> ModelRunnerOutput:
+        return self._output
+
+
 class Executor:
     attn_backend_name: str = "?"
     model_bytes: int = 0
     load_seconds: float = 0.0  # weight loading, slowest worker
+    # Launching a step returns before the device finishes it (async scheduling overlaps the
+    # host work of the next step with it).
+    supports_async_scheduling: bool = False
 
     def determine_num_blocks(self) -> int:
         raise NotImplementedError
@@ -22,6 +35,10 @@ class Executor:
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         raise NotImplementedError
+
+    def execute_model_async(self, so: SchedulerOutput):
+        """Launch a step; ``.result()`` on the returned handle gives its ``ModelRunnerOutput``."""
+        return ReadyStep(self.execute_model(so))
 
     def check_health(self) -> None:
         """Raise ``WorkerDiedError`` if any worker is gone."""

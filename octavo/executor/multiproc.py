@@ -115,13 +115,22 @@ class MultiprocExecutor(DistributedExecutor):
                 rank = next(r for r, c in pending.items() if c is obj)
                 try:
                     status, value = messages.unpack(obj.recv_bytes())
-                except EOFError:
-                    self._fail(f"tensor-parallel worker {rank} closed its pipe (exit code {self.procs[rank].exitcode})")
+                except (EOFError, OSError):
+                    self._fail(f"tensor-parallel worker {rank} closed its pipe{self._dead_workers()}")
                 if status == "error":
                     self._fail(f"tensor-parallel worker {rank} failed: {value}")
                 results[rank] = value
                 del pending[rank]
         return results
+
+    def _dead_workers(self) -> str:
+        """'; dead: worker R (exit code C), ...' — signal-killed first: when one worker dies,
+        its peers fail in the collective right after, and the first death is the cause."""
+        for p in self.procs:
+            p.join(timeout=0.5)
+        dead = [(r, p.exitcode) for r, p in enumerate(self.procs) if p.exitcode is not None]
+        dead.sort(key=lambda d: (d[1] >= 0, d[0]))
+        return ("; dead: " + ", ".join(f"worker {r} (exit code {c})" for r, c in dead)) if dead else ""
 
     def _fail(self, msg: str) -> None:
         logger.error(msg)

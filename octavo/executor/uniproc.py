@@ -8,6 +8,8 @@ from octavo.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
+    supports_async_scheduling = True
+
     def __init__(self, config: OctavoConfig) -> None:
         self.worker = Worker(config)
         info = self.worker.info()
@@ -27,3 +29,6 @@ class UniProcExecutor(Executor):
 
     def execute_model(self, so):
         return self.worker.execute_model(so)
+
+    def execute_model_async(self, so):
+        return self.worker.runner.execute_model_async(so)

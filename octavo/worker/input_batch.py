@@ -19,6 +19,7 @@ import torch
 from octavo.core.sampler import SamplingMetadata, bad_words_positions, token_seed
 from octavo.core.scheduler_output import NewRequestData
 from octavo.sampling_params import _SAMPLING_EPS, SamplingParams
+from octavo.worker.transfer import to_device
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -38,6 +39,10 @@ class InputBatch:
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.row_of: dict[str, int] = {}
+        # Bumped at every admission: (row, serial) names one occupancy of a row, so a step
+        # still in flight never writes into a row that was freed and reused meanwhile.
+        self.serial = np.zeros(max_num_reqs, dtype=np.int64)
+        self._next_serial = 0
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
         # Sampling parameters per row (neutral values in free rows).
@@ -71,6 +76,8 @@ class InputBatch:
         if not self._free_rows:
             raise RuntimeError("input batch is full (more running requests than max_num_seqs)")
         row = self._free_rows.pop()
+        self._next_serial += 1
+        self.serial[row] = self._next_serial
         self.row_of[new.req_id] = row
         self.req_ids[row] = new.req_id
         toks = new.prompt_token_ids + new.output_token_ids
@@ -150,12 +157,17 @@ class InputBatch:
 
     # -- sampling metadata ----------------------------------------------------------------
     def make_sampling_metadata(
-        self, rows: np.ndarray, vocab_size: int, device: torch.device
+        self, rows: np.ndarray, vocab_size: int, device: torch.device, num_pending: np.ndarray | None = None
     ) -> SamplingMetadata:
-        """Metadata for sampling the next token of ``rows`` (in that order)."""
+        """Metadata for sampling the next token of ``rows`` (in that order).
+
+        ``num_pending[i]`` counts tokens of ``rows[i]`` sampled by a step still in flight (async
+        scheduling): they count towards seeds and ``min_tokens``. Penalties and bad words need
+        the tokens themselves, so the engine never overlaps steps for requests that use them.
+        """
 
         def dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+            return to_device(a, device)
 
         s = len(rows)
         temps = self.temperature[rows]
@@ -164,6 +176,8 @@ class InputBatch:
         top_p = self.top_p[rows]
         min_p = self.min_p[rows]
         num_out = self.num_tokens[rows] - self.num_prompt_tokens[rows]
+        if num_pending is not None:
+            num_out = num_out + num_pending
 
         generators: dict[int, torch.Generator] = {}
         for i in np.nonzero(self.has_seed[rows])[0].tolist():

@@ -22,6 +22,8 @@ from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
 from octavo.worker.input_batch import InputBatch
+from octavo.worker.step_handle import PendingTokens, StepHandle
+from octavo.worker.transfer import to_device, to_host_async
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,10 @@ class ModelRunner:
 
         self.step_buffers = make_step_buffers(self)
         self.graph_runner = None
+        # Async scheduling: launched steps not yet resulted (at most one when launching), and
+        # the device-side tokens of the last launched step.
+        self._unresulted: list[StepHandle] = []
+        self._pending: PendingTokens | None = None
 
     # -- setup ----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -154,8 +160,22 @@ class ModelRunner:
         seq_lens = computed + n
         max_blocks = int(-(-seq_lens.max() // bs))
         block_table = batch.block_table[rows, :max_blocks]
-        sample_mask = seq_lens == batch.num_tokens[rows]
+        # A request whose token from the previous (still running) step is this step's input.
+        pending = self._pending
+        if pending is not None:
+            keys = zip(rows.tolist(), batch.serial[rows].tolist(), strict=True)
+            src = np.fromiter((pending.index.get(k, -1) for k in keys), dtype=np.int64, count=len(rows))
+            has_pending = (src >= 0) & (seq_lens > batch.num_tokens[rows])
+        else:
+            src, has_pending = None, np.zeros(len(rows), dtype=bool)
+        known = batch.num_tokens[rows] + has_pending
+        if (seq_lens > known).any():
+            raise RuntimeError("a step computes tokens that are neither known nor in flight")
+        sample_mask = seq_lens == known
         logits_indices = cu[sample_mask] - 1
+        fixup = None
+        if has_pending.any():  # (token index in this step, index in the previous step's samples)
+            fixup = (cu[has_pending] - 1, src[has_pending])
 
         if self.step_buffers is not None:  # accelerator: pinned staging into persistent buffers
             pad = self.graph_runner.padded_size(len(rows), total, int(n.max())) if self.graph_runner else None
@@ -163,7 +183,8 @@ class ModelRunner:
                 token_ids, positions, slot_mapping, qsl, seq_lens, batch.block_table, rows,
                 max_blocks, int(n.max()), pad_to=pad,
             )
-            return req_ids, rows, inputs, md, sample_mask, logits_indices
+            self._apply_fixup(inputs[0], fixup)
+            return req_ids, rows, inputs, md, sample_mask, has_pending, logits_indices
         dev = self.device
         md = CommonAttentionMetadata(
             query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
@@ -182,10 +203,20 @@ class ModelRunner:
             torch.from_numpy(token_ids).to(dev),
             torch.from_numpy(positions).to(dev),
         )
-        return req_ids, rows, inputs, md, sample_mask, logits_indices
+        self._apply_fixup(inputs[0], fixup)
+        return req_ids, rows, inputs, md, sample_mask, has_pending, logits_indices
 
-    def _sampling_metadata(self, rows: np.ndarray, vocab_size: int) -> SamplingMetadata:
-        return self.input_batch.make_sampling_metadata(rows, vocab_size, self.device)
+    def _apply_fixup(self, input_ids: torch.Tensor, fixup: tuple[np.ndarray, np.ndarray] | None) -> None:
+        """Write the previous step's sampled tokens, still on the device, into ``input_ids``."""
+        if fixup is None:
+            return
+        dst, src = fixup
+        assert self._pending is not None
+        values = self._pending.sampled[to_device(src, self.device)]
+        input_ids.index_copy_(0, to_device(dst, self.device), values.to(input_ids.dtype))
+
+    def _sampling_metadata(self, rows: np.ndarray, vocab_size: int, num_pending: np.ndarray) -> SamplingMetadata:
+        return self.input_batch.make_sampling_metadata(rows, vocab_size, self.device, num_pending)
 
     @staticmethod
     def _logprobs_lists(
@@ -243,48 +274,75 @@ class ModelRunner:
             out[req_ids[i]] = (start + 1, entries)
         return out or None
 
-    @torch.inference_mode()
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        """One step, waiting for its result."""
+        return self.execute_model_async(so).result()
+
+    @torch.inference_mode()
+    def execute_model_async(self, so: SchedulerOutput) -> StepHandle:
+        """Launch one step; the handle's ``result()`` waits for its sampled tokens.
+
+        The step may take as inputs the tokens of the step launched just before, which need
+        not have been resulted yet (they are read on the device); older steps must have been.
+        """
+        if len(self._unresulted) > 1:
+            raise RuntimeError("at most one step may be in flight when the next one is launched")
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput([], [])
-        req_ids, rows, (input_ids, positions), md, sample_mask, logits_indices = self._prepare_inputs(so)
+            return StepHandle.done(self, ModelRunnerOutput([], []))
+        req_ids, rows, (input_ids, positions), md, sample_mask, has_pending, logits_indices = (
+            self._prepare_inputs(so)
+        )
         attn_md = self.attn_backend.build_metadata(md)
-        hidden = self.graph_runner.replay(md) if self.graph_runner is not None else None
-        if hidden is None:
-            hidden = self.model(input_ids, positions, attn_md)
-        sampled_lists: list[list[int]] = [[] for _ in req_ids]
-        logprobs_lists: list[list[dict[int, tuple[float, int]]] | None] | None = None
-        prompt_logprobs = self._compute_prompt_logprobs(req_ids, rows, md, hidden)
-        if len(logits_indices):
+        idx = None
+        if len(logits_indices):  # staged before the forward: its copy never waits on it
             if self.step_buffers is not None:
                 idx = self.step_buffers.indices(logits_indices)
             else:
                 idx = torch.from_numpy(logits_indices).to(self.device)
-            logits = self.model.compute_logits(hidden[idx])
-            sample_rows = rows[sample_mask]
-            if logits is None:  # tensor-parallel rank != 0: receive rank 0's tokens below
-                out = None
-                sampled_t = torch.empty(len(logits_indices), dtype=torch.int64, device=self.device)
-            else:
-                out = self.sampler(logits, self._sampling_metadata(sample_rows, logits.shape[-1]))
-                sampled_t = out.sampled_token_ids
-            tp = get_tp()
-            if tp.world_size > 1:
-                sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
-            sampled = sampled_t.cpu().numpy()
-            self.input_batch.append_tokens(sample_rows, sampled)
-            sample_pos = np.nonzero(sample_mask)[0]
-            for i, t in zip(sample_pos, sampled.tolist(), strict=True):
-                sampled_lists[i] = [t]
-            if out is not None and out.logprobs is not None:
-                per_row = self._logprobs_lists(out.logprobs, self.input_batch.num_logprobs[sample_rows])
-                logprobs_lists = [None] * len(req_ids)
-                for i, lp in zip(sample_pos, per_row, strict=True):
-                    logprobs_lists[i] = lp
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            sampled_token_ids=sampled_lists,
-            logprobs=logprobs_lists,
-            prompt_logprobs=prompt_logprobs,
-        )
+        hidden = self.graph_runner.replay(md) if self.graph_runner is not None else None
+        if hidden is None:
+            hidden = self.model(input_ids, positions, attn_md)
+        prompt_logprobs = self._compute_prompt_logprobs(req_ids, rows, md, hidden)
+        sample_pos = np.nonzero(sample_mask)[0]
+        if idx is None:
+            self._pending = None
+            handle = StepHandle(self, req_ids, sample_pos, [], None, None, None, None, prompt_logprobs)
+            self._unresulted.append(handle)
+            return handle
+        logits = self.model.compute_logits(hidden[idx])
+        sample_rows = rows[sample_mask]
+        if logits is None:  # tensor-parallel rank != 0: receive rank 0's tokens below
+            out = None
+            sampled_t = torch.empty(len(logits_indices), dtype=torch.int64, device=self.device)
+        else:
+            md_s = self._sampling_metadata(sample_rows, logits.shape[-1], has_pending[sample_mask].astype(np.int64))
+            out = self.sampler(logits, md_s)
+            sampled_t = out.sampled_token_ids
+        tp = get_tp()
+        if tp.world_size > 1:
+            sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
+        sampled_t = sampled_t.to(torch.int64)
+        keys = list(zip(sample_rows.tolist(), self.input_batch.serial[sample_rows].tolist(), strict=True))
+        self._pending = PendingTokens(sampled_t, {k: i for i, k in enumerate(keys)})
+        lp_host = num_lp = None
+        if out is not None and out.logprobs is not None:
+            lp = out.logprobs
+            lp_host = LogprobsTensors(to_host_async(lp.token_ids), to_host_async(lp.logprobs),
+                                      to_host_async(lp.sampled_ranks))
+            num_lp = self.input_batch.num_logprobs[sample_rows].copy()
+        sampled_host = to_host_async(sampled_t)
+        event = self.platform.new_event() if self.device.type != "cpu" else None
+        if event is not None:
+            event.record()
+        handle = StepHandle(self, req_ids, sample_pos, keys, sampled_host, lp_host, num_lp, event, prompt_logprobs)
+        self._unresulted.append(handle)
+        return handle
+
+    def _finish_step(self, handle: StepHandle) -> None:
+        """Called by ``handle.result()``: steps are resulted in launch order."""
+        if not self._unresulted or self._unresulted[0] is not handle:
+            raise RuntimeError("steps must be resulted in the order they were launched")
+        self._unresulted.pop(0)
+        if not self._unresulted:
+            self._pending = None  # its tokens are about to be appended on the host
