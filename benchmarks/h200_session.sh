@@ -36,6 +36,14 @@ step_pytest_engine() { run 200 pytest.log python3 -m pytest -m cuda -n 8 -q -p n
 step_pytest_llama() { run 120 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rA tests/worker tests/platforms/test_conformance_accelerators.py -k "llama or memory_profile or greedy_matches_cpu"; }
 step_octavo_llama8b() { run 200 bench.log $B octavo --shape llama8b; }
 step_async_llama8b() { run 150 bench.log $B async --shape llama8b; }
+# Issue 10: the CUDA nox session as the images run it (needs `bash tools/device_wheels.sh` here
+# first and `carry: [".whl"]`): common tests + cuda-marked tests, C++ CPU kernels built in place.
+step_nox_cuda() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >>"$OUT/nox.log" 2>&1 || { echo "wheel install failed" >>"$OUT/nox.log"; return; }
+  run 120 nox.log python3 setup.py build_ext --inplace
+  PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH run 400 nox.log python3 -m nox --no-venv -s test-cuda
+}
 step_octavo_qwen05b() { run 120 bench.log $B octavo --shape qwen05b; }
 step_hf_llama8b() { run 100 bench.log $B hf-generate --shape llama8b; }
 step_hf_qwen05b() { run 60 bench.log $B hf-generate --shape qwen05b; }
@@ -51,3 +59,4 @@ if [ -f "$OUT/bench.log" ]; then
   grep -E "^### rc" "$OUT/bench.log"
 fi
 [ -f "$OUT/pytest.log" ] && grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5
+[ -f "$OUT/nox.log" ] && grep -E "passed|failed|error|Session|rc=" "$OUT/nox.log" | tail -8

@@ -10,7 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-cfo = pytest.importorskip("octavo.models.cpu_fused_ops", reason="C++ CPU kernels not built")
+try:  # an ImportError (not ModuleNotFoundError) when the C++ extension is not built
+    from octavo.models import cpu_fused_ops as cfo
+except ImportError as e:
+    pytest.skip(f"C++ CPU kernels not built: {e}", allow_module_level=True)
 
 from octavo.models import layers  # noqa: E402
 

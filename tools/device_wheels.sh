@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Wheels that the lent H200 machines lack for `nox --no-venv -s test-cuda` (nox, the [serve] and
+# [test] extras' packages), for their Python 3.12, into .whl/ (ignored by git; ~15 MB).
+# The device runs `benchmarks/h200_session.sh nox_cuda` with `carry: [".whl"]`, which installs
+# them into /tmp/site there (the machines cannot reach a package index).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qxF "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
+rm -rf .whl
+python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl \
+  nox==2026.10.20 fastapi==0.165.0 uvicorn==0.54.0 openai==3.57.0 pyzmq==27.3.0 dockerfile-parse==2.0.1
+du -sh .whl
