@@ -258,10 +258,12 @@ def main() -> int:
                                            / statistics.median(t["tpot_s"] for t in b["latency"]))
                 per_round.append(entry)
             ratios[f"octavo_vs_{base}"] = per_round
+    from octavo.cpu_isa import cpu_name  # the orchestrator runs in octavo's environment
+
     result = {
         "benchmark": "cpu_e2e_compare",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "machine": {"arch": platform.machine(), "nproc": os.cpu_count(), "cpu": _cpu_name()},
+        "machine": {"arch": platform.machine(), "nproc": os.cpu_count(), "cpu": cpu_name()},
         "args": {k: v for k, v in vars(args).items() if k != "worker"},
         "skipped": skipped,
         "summary": summary,
@@ -286,17 +288,6 @@ def main() -> int:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -56,6 +56,9 @@ class ModelConfig:
     load_format: str
     served_model_name: str
     hf_config: Any = field(compare=False, repr=False)
+    # Request defaults from the model's generation_config.json (``--generation-config``):
+    # SamplingParams field -> value, for the fields a request leaves unset.
+    sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -155,6 +158,43 @@ def resolve_model_path(model: str | None) -> str:
         ) from None
 
 
+# generation_config.json fields that become SamplingParams defaults (vLLM's sampling set).
+# ``max_new_tokens`` is not taken: a default length could exceed what a long prompt leaves
+# of the context and turn a valid request into an error; the limit stays the request's own
+# (or the context).
+_GENERATION_FIELDS = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
+
+
+def load_sampling_defaults(folder: str | None) -> dict[str, Any]:
+    """The sampling fields a folder's ``generation_config.json`` sets to non-default values.
+
+    ``{}`` when ``folder`` is None or has no such file; ``ValueError`` naming the flag and the
+    file when it cannot be read or its values are not valid sampling parameters.
+    """
+    if folder is None:
+        return {}
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.exists(path):
+        return {}
+    from transformers import GenerationConfig
+
+    try:
+        diff = GenerationConfig.from_pretrained(folder).to_diff_dict()
+    except Exception as e:  # transformers raises several types for a bad file
+        raise ValueError(f"{_flag('generation_config')}: cannot read {path}: {e}") from None
+    defaults = {ours: diff[theirs] for theirs, ours in _GENERATION_FIELDS.items() if diff.get(theirs) is not None}
+    from octavo.sampling_params import SamplingParams
+
+    try:
+        SamplingParams(**defaults)
+    except ValueError as e:
+        raise ValueError(f"{_flag('generation_config')}: {path} sets invalid sampling defaults: {e}") from None
+    return defaults
+
+
 def load_hf_config(model_dir: str):
     from transformers import AutoConfig
 
@@ -191,6 +231,9 @@ class EngineArgs:
     enforce_eager: bool = False
     # None: on for accelerators with one device, off on CPU (where a step runs synchronously).
     async_scheduling: bool | None = None
+    # "auto": request defaults from the model's generation_config.json; "vllm" (or "none"):
+    # none; else a folder holding a generation_config.json.
+    generation_config: str = "auto"
 
     def _validate(self) -> None:
         _check(self.dtype in ("auto", *_DTYPES), "dtype", f"auto or one of {sorted(_DTYPES)}", self.dtype)
@@ -256,6 +299,21 @@ class EngineArgs:
         if not self.enable_chunked_prefill:
             _check(batched >= max_model_len, "max_num_batched_tokens", f">= max_model_len ({max_model_len}) without chunked prefill", batched)
 
+        if self.generation_config == "auto":
+            gen_folder: str | None = model_dir
+        elif self.generation_config in ("vllm", "none"):
+            gen_folder = None
+        else:
+            _check(os.path.isdir(self.generation_config), "generation_config",
+                   "auto, vllm, none or a folder with a generation_config.json", self.generation_config)
+            gen_folder = self.generation_config
+        sampling_defaults = load_sampling_defaults(gen_folder)
+        if sampling_defaults:
+            logger.info(
+                "default sampling parameters from %s/generation_config.json (used where a request "
+                "sets none; --generation-config vllm ignores them): %s", gen_folder, sampling_defaults,
+            )
+
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
             async_scheduling = current_platform.device_type != "cpu" and self.tensor_parallel_size == 1
@@ -270,6 +328,7 @@ class EngineArgs:
             load_format=self.load_format,
             served_model_name=self.served_model_name or (self.model or "octavo-default"),
             hf_config=hf_config,
+            sampling_defaults=sampling_defaults,
         )
         config = OctavoConfig(
             model_config=model_config,
@@ -326,6 +385,11 @@ class EngineArgs:
         parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
         parser.add_argument("--distributed-executor-backend", default="mp", choices=["mp", "ray"])
         parser.add_argument("--enforce-eager", action="store_true")
+        parser.add_argument(
+            "--generation-config", default=d.generation_config,
+            help="auto: default sampling parameters from the model's generation_config.json; vllm or "
+            "none: ignore it; or a folder holding one.",
+        )
         parser.add_argument(
             "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
             help="Prepare the next step while the device runs the current one (default: on for one accelerator, off on CPU).",

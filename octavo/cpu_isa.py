@@ -95,6 +95,28 @@ def variant_runs_here(variant: str, feats: dict | None = None) -> bool:
     }.get(variant, False)
 
 
+def best_isa(feats: dict | None = None) -> tuple[str, str]:
+    """(best ISA this CPU runs, why), whether or not its kernels are built."""
+    f = cpu_features() if feats is None else feats
+    for isa in ARCH_ISAS.get(machine(), ("scalar",)):
+        runs = [v for v in ISA_VARIANTS[isa] if variant_runs_here(v, f)]
+        if runs:
+            return isa, f"{runs[0]} is the best variant this {machine()} CPU runs (features from {f.get('source')})"
+    return "scalar", f"no vector ISA octavo uses on this {machine() or 'unknown'} CPU"
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return _platform.processor() or _platform.machine()
+
+
 def _variant_built(variant: str) -> bool:
     return importlib.util.find_spec(f"octavo._C_{variant}") is not None
 

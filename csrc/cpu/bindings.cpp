@@ -29,6 +29,18 @@ static T* ptr(int64_t p) {
   return reinterpret_cast<T*>(static_cast<intptr_t>(p));
 }
 
+// Runs a kernel that checks its own arguments (it returns nullptr, or why it computed nothing)
+// with the GIL released; a refusal becomes ValueError("<name>: <why>").
+template <class Args>
+static void run_checked(const char* name, const char* (*kernel)(const Args&), const Args& a) {
+  const char* err;
+  {
+    py::gil_scoped_release nogil;
+    err = kernel(a);
+  }
+  if (err) throw py::value_error(std::string(name) + ": " + err);
+}
+
 PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
   m.doc() = "octavo CPU kernels (one ISA variant)";
   m.attr("ISA") = kern()->isa;
@@ -80,12 +92,7 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
           a.dtype = dtype;
           a.k_layout = k_layout;
           a.num_threads = num_threads;
-          const char* err;
-          {
-            py::gil_scoped_release nogil;
-            err = kern()->paged_attention(a);
-          }
-          if (err) throw py::value_error(std::string("paged_attention: ") + err);
+          run_checked("paged_attention", kern()->paged_attention, a);
         });
 
   m.def("write_kv",
@@ -109,12 +116,7 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
           a.dtype = dtype;
           a.k_layout = k_layout;
           a.num_threads = num_threads;
-          const char* err;
-          {
-            py::gil_scoped_release nogil;
-            err = kern()->write_kv(a);
-          }
-          if (err) throw py::value_error(std::string("write_kv: ") + err);
+          run_checked("write_kv", kern()->write_kv, a);
         });
 
   m.def("rms_norm",

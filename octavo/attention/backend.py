@@ -16,8 +16,9 @@ and attends to key positions ``0 .. that position``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, fields
+from functools import cache
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -43,6 +44,31 @@ class CommonAttentionMetadata:
     max_query_len: int
     max_seq_len: int
     block_size: int
+
+
+_COMMON_FIELDS = frozenset(f.name for f in fields(CommonAttentionMetadata))
+
+M = TypeVar("M")
+
+
+@cache
+def _shared_fields(metadata_cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in fields(metadata_cls) if f.init) & _COMMON_FIELDS
+
+
+def metadata_from_common(
+    metadata_cls: type[M], common: CommonAttentionMetadata, /, **extra: Any
+) -> M:
+    """Build a backend's metadata dataclass from the flattened batch.
+
+    Every init field of ``metadata_cls`` that ``CommonAttentionMetadata`` also has takes the
+    value of ``common`` by the same name (the same object: tensors are not copied or moved); the
+    backend's own fields come from ``extra``, or from their defaults. A name given in ``extra``
+    wins over ``common`` (e.g. a tensor converted to the dtype the kernel reads). The first two
+    parameters are positional-only, so a backend may name a field ``common`` (``cpu_paged`` does).
+    """
+    shared = {name: getattr(common, name) for name in _shared_fields(metadata_cls) - extra.keys()}
+    return metadata_cls(**shared, **extra)
 
 
 class AttentionImpl:
@@ -114,3 +140,19 @@ class AttentionBackend:
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl]:
         raise NotImplementedError
+
+
+class StackedKVCacheBackend(AttentionBackend):
+    """A backend whose per-layer cache is K and V stacked: ``[2, num_blocks, block_size,
+    num_kv_heads, head_size]``.
+
+    ``cache[0]`` holds K and ``cache[1]`` V; slot ``s`` of the slot mapping is row
+    ``s % block_size`` of block ``s // block_size`` in both. ``torch_ref`` uses this layout, so
+    every backend built on it can be checked against ``torch_ref`` on one cache tensor.
+    """
+
+    @staticmethod
+    def get_kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)

@@ -158,16 +158,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if len(backends) == 2:
         # Iterations of both backends ran back to back on the same prompts: pair them.
         results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "e2e_s")
-    report = rep.make_report("latency", args, results, rep.collect_environment(env_extra))
-    rep.print_summary(
+    return rep.report_run(
+        "latency", args, results, env_extra,
         f"latency: batch {args.batch_size}, {args.input_len} in + {args.output_len} out, "
         f"{args.num_iters} iterations after {args.num_iters_warmup} warm-up, model {mc.model}",
-        report["results"], report.get("ratios"),
+        "octavo / hf end-to-end latency per iteration",
     )
-    if "paired" in results:
-        per = ", ".join(f"{x:.2f}x" for x in results["paired"]["per_repeat"])
-        print(f"octavo / hf end-to-end latency per iteration: {per} (median {results['paired']['median']:.2f}x)")
-    return rep.finish(report, args)
 
 
 def main(args: argparse.Namespace) -> int:

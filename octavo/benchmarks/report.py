@@ -301,3 +301,15 @@ def finish(report: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "compare", None):
         print_compare(args.compare, report)
     return report
+
+
+def report_run(benchmark: str, args: argparse.Namespace, results: dict[str, Any],
+               env_extra: dict[str, Any] | None, title: str, paired_label: str) -> dict[str, Any]:
+    """Build the report, print its summary (and the paired octavo/hf ratios when both ran),
+    write ``--output-json`` and print ``--compare``."""
+    report = make_report(benchmark, args, results, collect_environment(env_extra))
+    print_summary(title, report["results"], report.get("ratios"))
+    if "paired" in results:
+        per = ", ".join(f"{x:.2f}x" for x in results["paired"]["per_repeat"])
+        print(f"{paired_label}: {per} (median {results['paired']['median']:.2f}x)")
+    return finish(report, args)

@@ -143,15 +143,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if len(backends) == 2:
         results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "output_tok_per_s")
-    report = rep.make_report("throughput", args, results, rep.collect_environment(env_extra))
-    rep.print_summary(
+    return rep.report_run(
+        "throughput", args, results, env_extra,
         f"throughput: {args.num_prompts} requests, dataset {args.dataset}, model {mc.model}",
-        report["results"], report.get("ratios"),
+        "octavo / hf output tok/s per repeat",
     )
-    if "paired" in results:
-        per = ", ".join(f"{x:.2f}x" for x in results["paired"]["per_repeat"])
-        print(f"octavo / hf output tok/s per repeat: {per} (median {results['paired']['median']:.2f}x)")
-    return rep.finish(report, args)
 
 
 def main(args: argparse.Namespace) -> int:

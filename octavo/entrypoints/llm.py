@@ -46,7 +46,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompts)
         else:
@@ -117,6 +117,11 @@ class LLM:
             ids = tok.encode(text, add_special_tokens=False)
             prompts.append({"prompt": text, "prompt_token_ids": ids})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """``SamplingParams()`` updated with the model's generation_config.json defaults
+        (``generation_config="vllm"`` ignores them); what ``generate`` uses when given none."""
+        return SamplingParams(**self.llm_engine.config.model_config.sampling_defaults)
 
     def get_stats(self):
         """Scheduler counters (running/waiting, KV usage, prefix-cache hits, preemptions)."""

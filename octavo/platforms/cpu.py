@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import platform as _platform
 from dataclasses import replace
 from typing import ClassVar
 
@@ -15,38 +14,6 @@ from octavo.platforms.interface import Platform
 GiB = 1 << 30
 
 CPU_ISAS = ("avx512", "avx2", "neon", "scalar")
-
-
-def _cpu_flags() -> set[str]:
-    """Feature flags of the first CPU in /proc/cpuinfo (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def detect_cpu_isa() -> tuple[str, str]:
-    """(best ISA the CPU supports, why), read from /proc/cpuinfo.
-
-    AVX-512 needs F+BW+VL (its bf16 dot product also ``avx512_bf16``); AVX2 needs FMA too;
-    every AArch64 CPU has NEON. Which variant of the kernels actually runs (and the
-    ``OCTAVO_CPU_ISA`` override) is ``octavo.cpu_isa``'s decision; this is the fallback answer
-    when the kernels are not built.
-    """
-    machine = _platform.machine().lower()
-    if machine in ("aarch64", "arm64"):
-        return "neon", f"{machine} CPU"
-    flags = _cpu_flags()
-    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
-        bf16 = "avx512_bf16" in flags
-        return "avx512", "avx512f/bw/vl" + (" + avx512_bf16" if bf16 else ", no avx512_bf16")
-    if {"avx2", "fma"} <= flags:
-        return "avx2", "avx2 + fma"
-    return "scalar", f"no AVX2+FMA or NEON on this {machine or 'unknown'} CPU"
 
 
 class CpuPlatform(Platform):
@@ -67,14 +34,9 @@ class CpuPlatform(Platform):
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return _platform.processor() or _platform.machine()
+        from octavo.cpu_isa import cpu_name
+
+        return cpu_name()
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
@@ -90,13 +52,13 @@ class CpuPlatform(Platform):
     def get_cpu_isa(cls) -> tuple[str, str]:
         """(ISA, why): avx512, avx2, neon or scalar — the variant of the C++ kernels this
         process runs, or, when they cannot run, the best the CPU supports and why not."""
-        try:
-            from octavo import cpu_isa
+        from octavo import cpu_isa
 
+        try:
             variant, why = cpu_isa.select_variant()
             return cpu_isa.isa_of(variant), f"{variant}: {why}"
         except (ImportError, ValueError) as e:
-            isa, why = detect_cpu_isa()
+            isa, why = cpu_isa.best_isa()
             return isa, f"{why}; C++ kernels not in use: {e}"
 
     @classmethod

@@ -24,7 +24,12 @@ from typing import ClassVar
 
 import torch
 
-from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from octavo.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    CommonAttentionMetadata,
+    metadata_from_common,
+)
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 K_TRANSPOSED, K_ROW_MAJOR = 0, 1
@@ -68,22 +73,20 @@ def build_cpu_metadata(common: CommonAttentionMetadata) -> CpuPagedMetadata:
     slots = common.slot_mapping
     if slots.dtype != torch.int64 or not slots.is_contiguous():
         slots = slots.to(torch.int64).contiguous()
-    md = CpuPagedMetadata(
+    return metadata_from_common(
+        CpuPagedMetadata,
+        common,
         common=common,
         query_start_loc=qsl,
         seq_lens=seq_lens,
         block_table=bt,
         slot_mapping=slots,
-        num_reqs=common.num_reqs,
-        num_actual_tokens=common.num_actual_tokens,
-        max_query_len=common.max_query_len,
+        qsl_ptr=qsl.data_ptr(),
+        seq_lens_ptr=seq_lens.data_ptr(),
+        block_table_ptr=bt.data_ptr(),
+        slot_mapping_ptr=slots.data_ptr(),
+        bt_stride=bt.stride(0),
     )
-    md.qsl_ptr = qsl.data_ptr()
-    md.seq_lens_ptr = seq_lens.data_ptr()
-    md.block_table_ptr = bt.data_ptr()
-    md.slot_mapping_ptr = slots.data_ptr()
-    md.bt_stride = bt.stride(0)
-    return md
 
 
 class CpuPagedImpl(AttentionImpl):

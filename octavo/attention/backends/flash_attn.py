@@ -19,7 +19,12 @@ from typing import ClassVar
 
 import torch
 
-from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from octavo.attention.backend import (
+    AttentionImpl,
+    CommonAttentionMetadata,
+    StackedKVCacheBackend,
+    metadata_from_common,
+)
 from octavo.attention.backends.torch_ref import write_kv
 
 
@@ -41,17 +46,7 @@ class VarlenMetadata:
 def build_varlen_metadata(common: CommonAttentionMetadata) -> VarlenMetadata:
     """Adds the cumulative key lengths; stays on the device (no host sync)."""
     cu_seqlens_k = torch.nn.functional.pad(torch.cumsum(common.seq_lens, 0, dtype=torch.int32), (1, 0))
-    return VarlenMetadata(
-        query_start_loc=common.query_start_loc,
-        cu_seqlens_k=cu_seqlens_k,
-        seq_lens=common.seq_lens,
-        block_table=common.block_table,
-        slot_mapping=common.slot_mapping,
-        num_reqs=common.num_reqs,
-        num_actual_tokens=common.num_actual_tokens,
-        max_query_len=common.max_query_len,
-        max_seq_len=common.max_seq_len,
-    )
+    return metadata_from_common(VarlenMetadata, common, cu_seqlens_k=cu_seqlens_k)
 
 
 class FlashAttnImpl(AttentionImpl):
@@ -74,7 +69,7 @@ class FlashAttnImpl(AttentionImpl):
         )
 
 
-class FlashAttnBackend(AttentionBackend):
+class FlashAttnBackend(StackedKVCacheBackend):
     name = "flash_attn"
     supported_device_types: ClassVar[tuple[str, ...]] = ("cuda",)
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
@@ -112,10 +107,6 @@ class FlashAttnBackend(AttentionBackend):
                     f"this GPU has {cap[0]}.{cap[1]}"
                 )
         return reasons
-
-    @staticmethod
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> VarlenMetadata:

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from octavo.attention.backend import AttentionImpl, CommonAttentionMetadata, StackedKVCacheBackend
 from octavo.attention.backends.flash_attn import VarlenMetadata, build_varlen_metadata
 
 
@@ -43,7 +43,7 @@ class IpexImpl(AttentionImpl):
         return out
 
 
-class IpexBackend(AttentionBackend):
+class IpexBackend(StackedKVCacheBackend):
     name = "ipex"
     supported_device_types: ClassVar[tuple[str, ...]] = ("xpu", "cpu")
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16, torch.bfloat16)
@@ -59,10 +59,6 @@ class IpexBackend(AttentionBackend):
         if head_size % 8 != 0 or head_size > 256:
             reasons.append(f"head size {head_size} is not a multiple of 8 up to 256")
         return reasons
-
-    @staticmethod
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> VarlenMetadata:

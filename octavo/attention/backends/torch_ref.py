@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from octavo.attention.backend import AttentionImpl, CommonAttentionMetadata, StackedKVCacheBackend
 
 
 def write_kv(
@@ -64,12 +64,8 @@ class TorchRefImpl(AttentionImpl):
         return paged_attention_ref(query, kv_cache, attn_metadata, self.scale)
 
 
-class TorchRefBackend(AttentionBackend):
+class TorchRefBackend(StackedKVCacheBackend):
     name = "torch_ref"
-
-    @staticmethod
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @classmethod
     def get_impl_cls(cls):

@@ -17,7 +17,12 @@ from typing import Any
 
 import torch
 
-from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from octavo.attention.backend import (
+    AttentionImpl,
+    CommonAttentionMetadata,
+    StackedKVCacheBackend,
+    metadata_from_common,
+)
 
 # Split-KV (flash-decoding) policy: split decode steps whose (requests x KV heads) programs
 # would leave most of the GPU idle, once contexts are long enough to pay for the reduction.
@@ -73,7 +78,7 @@ class TritonPagedImpl(AttentionImpl):
         )
 
 
-class TritonPagedBackend(AttentionBackend):
+class TritonPagedBackend(StackedKVCacheBackend):
     name = "triton_paged"
     # Forward reads no device value on the host: safe to capture in a CUDA/HIP graph.
     supports_graph_capture = True
@@ -93,22 +98,9 @@ class TritonPagedBackend(AttentionBackend):
             reasons.append(f"head size {head_size} is not a multiple of 8 in [16, 256]")
         return reasons
 
-    @staticmethod
-    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
-
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> TritonPagedMetadata:
-        return TritonPagedMetadata(
-            query_start_loc=common.query_start_loc,
-            seq_lens=common.seq_lens,
-            block_table=common.block_table,
-            slot_mapping=common.slot_mapping,
-            num_reqs=common.num_reqs,
-            num_actual_tokens=common.num_actual_tokens,
-            max_query_len=common.max_query_len,
-            max_seq_len=common.max_seq_len,
-        )
+        return metadata_from_common(TritonPagedMetadata, common)
 
     @classmethod
     def get_impl_cls(cls):

@@ -18,7 +18,12 @@ from typing import ClassVar
 
 import torch
 
-from octavo.attention.backend import AttentionBackend, AttentionImpl, CommonAttentionMetadata
+from octavo.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    CommonAttentionMetadata,
+    metadata_from_common,
+)
 
 TPU_HEAD_SIZE_ALIGNMENT = 128  # the kernel's lane width
 
@@ -91,14 +96,8 @@ class XlaBackend(AttentionBackend):
 
     @classmethod
     def build_metadata(cls, common: CommonAttentionMetadata) -> XlaMetadata:
-        return XlaMetadata(
-            query_start_loc=common.query_start_loc,
-            seq_lens=common.seq_lens,
-            block_table=common.block_table,
-            slot_mapping=common.slot_mapping,
-            num_seqs=torch.tensor([common.num_reqs], dtype=torch.int32, device=common.seq_lens.device),
-            num_actual_tokens=common.num_actual_tokens,
-        )
+        num_seqs = torch.tensor([common.num_reqs], dtype=torch.int32, device=common.seq_lens.device)
+        return metadata_from_common(XlaMetadata, common, num_seqs=num_seqs)
 
     @classmethod
     def get_impl_cls(cls):

@@ -36,6 +36,8 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.model_config.max_model_len
         self.vocab_size = engine.model_config.vocab_size
+        # The model's generation_config.json defaults, for the fields a request leaves unset.
+        self.defaults = engine.model_config.sampling_defaults
 
     # -- checks -----------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -69,20 +71,25 @@ class OpenAIServing:
                 "priority is set but the server schedules first-come-first-served "
                 "(start it with --scheduling-policy priority)", param="priority",
             )
-        top_k = req.top_k
-        if top_k is not None and top_k > self.vocab_size:
+        d = self.defaults
+
+        def pick(value, name: str, neutral):
+            return value if value is not None else d.get(name, neutral)
+
+        top_k = pick(req.top_k, "top_k", 0)
+        if top_k > self.vocab_size:
             top_k = 0  # keeping more tokens than the vocabulary has is no top-k at all
         if max_tokens is not None and max_tokens > INT64_MAX:
             max_tokens = INT64_MAX
         kwargs: dict[str, Any] = dict(
             n=req.n if req.n is not None else 1,
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=0 if top_k is None else top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            temperature=pick(req.temperature, "temperature", 1.0),
+            top_p=pick(req.top_p, "top_p", 1.0),
+            top_k=top_k,
+            min_p=pick(req.min_p, "min_p", 0.0),
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=pick(req.repetition_penalty, "repetition_penalty", 1.0),
             seed=req.seed,
             max_tokens=max_tokens,
             min_tokens=req.min_tokens,

@@ -32,13 +32,21 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
 
 
+# Request defaults this server takes from --generation-config: top_k 1 makes unseeded sampling
+# at temperature 1 deterministic, so the test below can see that they apply.
+GENERATION_CONFIG = {"do_sample": True, "top_k": 1, "repetition_penalty": 1.3}
+
+
 @pytest.fixture(scope="module")
 def server(llama_dir, tmp_path_factory):
     template = tmp_path_factory.mktemp("template") / "chat.jinja"
     template.write_text(TEMPLATE)
+    gen = tmp_path_factory.mktemp("genconfig")
+    (gen / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG))
     srv = RemoteServer(
         [llama_dir, "--served-model-name", "tiny", "--api-key", API_KEY, "--dtype", "float32",
-         "--max-model-len", "512", "--shutdown-timeout", "1", "--chat-template", str(template)],
+         "--max-model-len", "512", "--shutdown-timeout", "1", "--chat-template", str(template),
+         "--generation-config", str(gen)],
         env={"OCTAVO_ENGINE_INPROC": "1"},
     )
     yield srv
@@ -53,6 +61,21 @@ def test_inproc_serves(server):
                                        n=2, extra_body={"ignore_eos": True})
     assert r.usage.completion_tokens == 8
     assert httpx.post(server.url + "/v1/completions", json={"prompt": "x"}).status_code == 401
+
+
+def test_generation_config_defaults_fill_unset_fields(server):
+    def complete(**extra):
+        body = {"prompt": "def f(x):", "max_tokens": 12, "ignore_eos": True, **extra}
+        r = httpx.post(server.url + "/v1/completions", json=body, headers=AUTH)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    # Unset temperature/top_k/repetition_penalty: the defaults (top_k 1, penalty 1.3) apply,
+    # so any seed gives the penalised greedy text.
+    greedy_penalised = complete(temperature=0.0, repetition_penalty=1.3)
+    assert complete(seed=1) == complete(seed=2) == greedy_penalised
+    # A field the request sets wins over the default.
+    assert complete(temperature=0.0, repetition_penalty=1.0) == complete(temperature=0.0, top_k=0, repetition_penalty=1.0)
 
 
 def test_chat_template_override(server):
