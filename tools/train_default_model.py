@@ -405,6 +405,11 @@ def render_card(*, args, root, n_files, n_chars, n_tokens, n_train, n_val, confi
     sample_md = "\n\n".join(
         f"Prompt `{p!r}`:\n\n```python\n{s}\n```" for p, s in samples)
     tokens_seen = steps * args.batch_size * args.seq_len
+    if args.minutes > 0:
+        schedule_note = (f"The cosine follows whichever of the step limit ({args.steps}) and the\n"
+                         f"  time budget ({args.minutes:g} min) is closer to running out.")
+    else:
+        schedule_note = f"The cosine follows the step limit ({args.steps}; no time budget)."
     return f"""---
 license: psf-2.0
 library_name: transformers
@@ -416,7 +421,7 @@ tags: [llama, tiny, test-model, octavo]
 
 A tiny Llama-architecture causal language model that ships inside octavo so the
 engine always has a real, self-contained Hugging Face checkpoint to load, test and
-demo without downloading anything. It was trained from scratch, for a few minutes
+demo without downloading anything. It was trained from scratch, for {train_time / 60:.0f} minutes
 on two CPU cores, on the Python standard library's source code. It continues Python
 code in a recognisable style but is **not** a useful model: expect repetition,
 invented APIs and no instruction following. The chat template exists only so that
@@ -462,8 +467,7 @@ tied input/output embeddings.
   training stream), float32, `torch.set_num_threads({args.threads})`, seed {args.seed}.
 * AdamW (betas 0.9/0.95, weight decay {args.weight_decay} on matrices), peak lr {args.lr:g},
   {args.warmup} warmup steps then cosine decay to {args.min_lr_ratio:g}x peak, gradient clip
-  {args.grad_clip:g}. The cosine follows whichever of the step limit ({args.steps}) and the
-  time budget ({args.minutes:g} min) is closer to running out.
+  {args.grad_clip:g}. {schedule_note}
 * Ran **{steps} steps** in {train_time / 60:.1f} min (stopped by {stop_reason}), about
   {tokens_seen / 1e6:.2f}M training tokens ({tokens_seen / n_train:.2f} epochs).
   Reproduce exactly with `--steps {steps} --minutes 0`.
