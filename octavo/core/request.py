@@ -73,6 +73,8 @@ class Request:
         # Tokens sampled by steps still in flight (async scheduling): scheduled as inputs of the
         # next step before their values are known; 0 whenever no step is in flight.
         self.num_output_placeholders = 0
+        # Sampling reads this request's own output tokens (fixed at creation; checked per step).
+        self.needs_output_history = sampling_params.needs_output_history
         # Number of prompt tokens served from the prefix cache at the last admission.
         self.num_cached_tokens = 0
         self.num_preemptions = 0

@@ -301,7 +301,7 @@ class Scheduler:
             if req.num_computed_tokens == req.num_tokens + req.num_output_placeholders:
                 req.num_output_placeholders += 1  # this step samples the next token
             scheduled[rid] = req
-        out.scheduled_requests = scheduled  # engine-side only (never serialized)
+        out.scheduled_requests = scheduled
         return out
 
     # -- after the model ran --------------------------------------------------------------
@@ -342,14 +342,14 @@ class Scheduler:
         outputs: list[EngineCoreOutput] = []
         logprobs = runner_output.logprobs
         prompt_lps = runner_output.prompt_logprobs or {}
-        scheduled = getattr(scheduler_output, "scheduled_requests", None)
+        scheduled = scheduler_output.scheduled_requests
         for idx, (rid, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
         ):
             req = self.requests.get(rid)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue  # finished or preempted while the step ran
-            if scheduled is not None and scheduled.get(rid) is not req:
+            if scheduled and scheduled.get(rid) is not req:
                 continue  # the id now names a newer request (the old one ended meanwhile)
             if token_ids and req.num_output_placeholders:
                 req.num_output_placeholders -= 1

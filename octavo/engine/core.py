@@ -92,7 +92,7 @@ class EngineCore:
         return self.scheduler.update_from_output(so, runner_out)
 
     def _can_overlap(self) -> bool:
-        return not any(r.sampling_params.needs_output_history for r in self.scheduler.running)
+        return not any(r.needs_output_history for r in self.scheduler.running)
 
     def _step_async(self) -> list[EngineCoreOutput]:
         prev, self._inflight = self._inflight, None

@@ -9,16 +9,6 @@ class WorkerDiedError(RuntimeError):
     """A worker process or actor is gone; the engine cannot continue."""
 
 
-class ReadyStep:
-    """A step already computed: the handle ``execute_model_async`` returns by default."""
-
-    def __init__(self, output: ModelRunnerOutput) -> None:
-        self._output = output
-
-    def result(self) -> ModelRunnerOutput:
-        return self._output
-
-
 class Executor:
     attn_backend_name: str = "?"
     model_bytes: int = 0
@@ -38,6 +28,8 @@ class Executor:
 
     def execute_model_async(self, so: SchedulerOutput):
         """Launch a step; ``.result()`` on the returned handle gives its ``ModelRunnerOutput``."""
+        from octavo.worker.step_handle import ReadyStep
+
         return ReadyStep(self.execute_model(so))
 
     def check_health(self) -> None:

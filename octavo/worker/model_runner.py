@@ -22,7 +22,7 @@ from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
 from octavo.worker.input_batch import InputBatch
-from octavo.worker.step_handle import PendingTokens, StepHandle
+from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle
 from octavo.worker.transfer import to_device, to_host_async
 
 logger = logging.getLogger(__name__)
@@ -57,10 +57,8 @@ class ModelRunner:
 
         self.step_buffers = make_step_buffers(self)
         self.graph_runner = None
-        # Async scheduling: launched steps not yet resulted (at most one when launching), and
-        # the device-side tokens of the last launched step.
+        # Async scheduling: launched steps not yet resulted (at most one when launching).
         self._unresulted: list[StepHandle] = []
-        self._pending: PendingTokens | None = None
 
     # -- setup ----------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -161,11 +159,14 @@ class ModelRunner:
         max_blocks = int(-(-seq_lens.max() // bs))
         block_table = batch.block_table[rows, :max_blocks]
         # A request whose token from the previous (still running) step is this step's input.
-        pending = self._pending
+        pending = self._pending()
         if pending is not None:
-            keys = zip(rows.tolist(), batch.serial[rows].tolist(), strict=True)
-            src = np.fromiter((pending.index.get(k, -1) for k in keys), dtype=np.int64, count=len(rows))
-            has_pending = (src >= 0) & (seq_lens > batch.num_tokens[rows])
+            src_of_row = np.full(batch.max_num_reqs, -1, dtype=np.int64)
+            src_of_row[pending.rows] = np.arange(len(pending.rows))
+            serial_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
+            serial_of_row[pending.rows] = pending.serials
+            src = src_of_row[rows]
+            has_pending = (src >= 0) & (serial_of_row[rows] == batch.serial[rows]) & (seq_lens > batch.num_tokens[rows])
         else:
             src, has_pending = None, np.zeros(len(rows), dtype=bool)
         known = batch.num_tokens[rows] + has_pending
@@ -211,8 +212,7 @@ class ModelRunner:
         if fixup is None:
             return
         dst, src = fixup
-        assert self._pending is not None
-        values = self._pending.sampled[to_device(src, self.device)]
+        values = self._pending().device[to_device(src, self.device)]
         input_ids.index_copy_(0, to_device(dst, self.device), values.to(input_ids.dtype))
 
     def _sampling_metadata(self, rows: np.ndarray, vocab_size: int, num_pending: np.ndarray) -> SamplingMetadata:
@@ -289,7 +289,7 @@ class ModelRunner:
             raise RuntimeError("at most one step may be in flight when the next one is launched")
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
-            return StepHandle.done(self, ModelRunnerOutput([], []))
+            return ReadyStep(ModelRunnerOutput([], []))
         req_ids, rows, (input_ids, positions), md, sample_mask, has_pending, logits_indices = (
             self._prepare_inputs(so)
         )
@@ -306,8 +306,7 @@ class ModelRunner:
         prompt_logprobs = self._compute_prompt_logprobs(req_ids, rows, md, hidden)
         sample_pos = np.nonzero(sample_mask)[0]
         if idx is None:
-            self._pending = None
-            handle = StepHandle(self, req_ids, sample_pos, [], None, None, None, None, prompt_logprobs)
+            handle = StepHandle(self, req_ids, sample_pos, prompt_logprobs, None)
             self._unresulted.append(handle)
             return handle
         logits = self.model.compute_logits(hidden[idx])
@@ -323,8 +322,6 @@ class ModelRunner:
         if tp.world_size > 1:
             sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
         sampled_t = sampled_t.to(torch.int64)
-        keys = list(zip(sample_rows.tolist(), self.input_batch.serial[sample_rows].tolist(), strict=True))
-        self._pending = PendingTokens(sampled_t, {k: i for i, k in enumerate(keys)})
         lp_host = num_lp = None
         if out is not None and out.logprobs is not None:
             lp = out.logprobs
@@ -335,14 +332,18 @@ class ModelRunner:
         event = self.platform.new_event() if self.device.type != "cpu" else None
         if event is not None:
             event.record()
-        handle = StepHandle(self, req_ids, sample_pos, keys, sampled_host, lp_host, num_lp, event, prompt_logprobs)
+        sampled = SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
+                                sampled_host, lp_host, num_lp, event)
+        handle = StepHandle(self, req_ids, sample_pos, prompt_logprobs, sampled)
         self._unresulted.append(handle)
         return handle
+
+    def _pending(self) -> SampledTokens | None:
+        """Tokens of the last launched step not yet on the host (None when all are)."""
+        return self._unresulted[-1].sampled if self._unresulted else None
 
     def _finish_step(self, handle: StepHandle) -> None:
         """Called by ``handle.result()``: steps are resulted in launch order."""
         if not self._unresulted or self._unresulted[0] is not handle:
             raise RuntimeError("steps must be resulted in the order they were launched")
         self._unresulted.pop(0)
-        if not self._unresulted:
-            self._pending = None  # its tokens are about to be appended on the host

@@ -8,12 +8,13 @@ for exactly this step, never for the one launched after it. On the CPU everythin
 computed at launch and ``result()`` only does the bookkeeping.
 
 Invariant: a runner has at most one step launched and not yet resulted when it launches the
-next one, so the tokens a step leaves pending are always those of the step just before.
+next one, so the tokens a step leaves pending are always those of the last unresulted step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,74 +23,64 @@ from octavo.core.sampler import LogprobsTensors
 from octavo.core.scheduler_output import ModelRunnerOutput
 
 
+class ReadyStep:
+    """A step already computed (nothing to wait for)."""
+
+    def __init__(self, output: ModelRunnerOutput) -> None:
+        self._output = output
+
+    def result(self) -> ModelRunnerOutput:
+        return self._output
+
+
 @dataclass
-class PendingTokens:
-    """The sampled tokens of the last launched step, still on the device.
+class SampledTokens:
+    """One step's sampled tokens: on the device (inputs of the next step) and on their way
+    to the host. Entry ``i`` belongs to the occupancy ``serials[i]`` of input-batch row
+    ``rows[i]``; ``host`` and ``logprobs_host`` may be read once ``event`` has completed."""
 
-    ``index[(row, serial)]`` is the position in ``sampled`` of that row occupancy's token.
-    """
-
-    sampled: torch.Tensor
-    index: dict[tuple[int, int], int]
+    device: torch.Tensor  # [S] int64
+    rows: np.ndarray  # [S] int64
+    serials: np.ndarray  # [S] int64
+    host: torch.Tensor
+    logprobs_host: LogprobsTensors | None
+    num_logprobs: np.ndarray | None
+    event: Any  # a platform event, None on the CPU
 
 
 class StepHandle:
-    """One launched step; ``result()`` returns its ``ModelRunnerOutput`` (once)."""
+    """One launched step; ``result()`` returns its ``ModelRunnerOutput`` (once computed, cached)."""
 
-    def __init__(
-        self,
-        runner,
-        req_ids: list[str],
-        sample_pos: np.ndarray,
-        sample_keys: list[tuple[int, int]],
-        sampled_host: torch.Tensor | None,
-        logprobs_host: LogprobsTensors | None,
-        num_logprobs: np.ndarray | None,
-        event,
-        prompt_logprobs,
-    ) -> None:
+    def __init__(self, runner, req_ids: list[str], sample_pos: np.ndarray, prompt_logprobs,
+                 sampled: SampledTokens | None) -> None:
         self._runner = runner
         self._req_ids = req_ids
-        self._sample_pos = sample_pos
-        self._sample_keys = sample_keys
-        self._sampled_host = sampled_host
-        self._logprobs_host = logprobs_host
-        self._num_logprobs = num_logprobs
-        self._event = event
+        self._sample_pos = sample_pos  # positions in req_ids of the sampled requests
         self._prompt_logprobs = prompt_logprobs
+        self.sampled = sampled
         self._output: ModelRunnerOutput | None = None
-
-    @classmethod
-    def done(cls, runner, output: ModelRunnerOutput) -> StepHandle:
-        h = cls(runner, output.req_ids, np.zeros(0, np.int64), [], None, None, None, None, None)
-        h._output = output
-        return h
 
     def result(self) -> ModelRunnerOutput:
         if self._output is not None:
             return self._output
-        runner = self._runner
-        if self._event is not None:
-            self._event.synchronize()
-        sampled = self._sampled_host.numpy().copy() if self._sampled_host is not None else None
+        runner, s = self._runner, self.sampled
         runner._finish_step(self)
         sampled_lists: list[list[int]] = [[] for _ in self._req_ids]
         logprobs_lists = None
-        if sampled is not None:
+        if s is not None:
+            if s.event is not None:
+                s.event.synchronize()
+            tokens = s.host.numpy()
             batch = runner.input_batch
-            # Append to the rows that still hold the requests this step sampled for.
-            keep = np.fromiter(
-                (batch.serial[row] == serial for row, serial in self._sample_keys), dtype=bool,
-                count=len(self._sample_keys),
-            )
-            rows = np.fromiter((row for row, _ in self._sample_keys), dtype=np.int64, count=len(self._sample_keys))
-            batch.append_tokens(rows[keep], sampled[keep])
-            for i, t in zip(self._sample_pos.tolist(), sampled.tolist(), strict=True):
+            keep = batch.serial[s.rows] == s.serials  # rows not freed and reused meanwhile
+            batch.append_tokens(s.rows[keep], tokens[keep])
+            pos = self._sample_pos.tolist()
+            for i, t in zip(pos, tokens.tolist(), strict=True):
                 sampled_lists[i] = [t]
-            if self._logprobs_host is not None:
-                per_row = runner._logprobs_lists(self._logprobs_host, self._num_logprobs)
+            if s.logprobs_host is not None:
+                per_row = runner._logprobs_lists(s.logprobs_host, s.num_logprobs)
                 logprobs_lists = [None] * len(self._req_ids)
-                for i, lp in zip(self._sample_pos.tolist(), per_row, strict=True):
+                for i, lp in zip(pos, per_row, strict=True):
                     logprobs_lists[i] = lp
         self._output = ModelRunnerOutput(
             req_ids=self._req_ids,

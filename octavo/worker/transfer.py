@@ -9,14 +9,21 @@ On the CPU they are plain conversions.
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 import torch
 
 
-def _pinnable(device: torch.device) -> bool:
+@cache
+def _pinnable_type(device_type: str) -> bool:
     from octavo.platforms import current_platform
 
-    return device.type != "cpu" and bool(current_platform.is_pin_memory_available())
+    return device_type != "cpu" and bool(current_platform.is_pin_memory_available())
+
+
+def _pinnable(device: torch.device) -> bool:
+    return _pinnable_type(device.type)
 
 
 def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
