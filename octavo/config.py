@@ -59,6 +59,8 @@ class ModelConfig:
     # Request defaults from the model's generation_config.json (``--generation-config``):
     # SamplingParams field -> value, for the fields a request leaves unset.
     sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The quantization method in effect (octavo.quantization); None for unquantized weights.
+    quantization: str | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -234,6 +236,8 @@ class EngineArgs:
     # "auto": request defaults from the model's generation_config.json; "vllm" (or "none"):
     # none; else a folder holding a generation_config.json.
     generation_config: str = "auto"
+    # vLLM's --quantization: a method name, or None to follow the checkpoint's quantization_config.
+    quantization: str | None = None
 
     def _validate(self) -> None:
         _check(self.dtype in ("auto", *_DTYPES), "dtype", f"auto or one of {sorted(_DTYPES)}", self.dtype)
@@ -266,6 +270,12 @@ class EngineArgs:
         from octavo.models.registry import resolve_architecture
 
         arch, _ = resolve_architecture(getattr(hf_config, "architectures", None))
+        from octavo.quantization import resolve_quantization
+
+        quantization = resolve_quantization(
+            self.quantization, getattr(hf_config, "quantization_config", None),
+            current_platform.name, current_platform.supported_quantization,
+        )
 
         if self.dtype == "auto":
             ckpt = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
@@ -329,6 +339,7 @@ class EngineArgs:
             served_model_name=self.served_model_name or (self.model or "octavo-default"),
             hf_config=hf_config,
             sampling_defaults=sampling_defaults,
+            quantization=quantization,
         )
         config = OctavoConfig(
             model_config=model_config,
@@ -385,6 +396,11 @@ class EngineArgs:
         parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
         parser.add_argument("--distributed-executor-backend", default="mp", choices=["mp", "ray"])
         parser.add_argument("--enforce-eager", action="store_true")
+        parser.add_argument(
+            "--quantization", "-q", default=None,
+            help="Quantization method (vLLM's names). Default: the checkpoint's quantization_config, "
+            "if any. A method octavo cannot run is refused at load, never silently ignored.",
+        )
         parser.add_argument(
             "--generation-config", default=d.generation_config,
             help="auto: default sampling parameters from the model's generation_config.json; vllm or "

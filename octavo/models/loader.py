@@ -46,15 +46,16 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike) -> None:
     params = dict(model.named_parameters())
     expected = model.expected_checkpoint_targets()
     loaded: set[tuple[str, str | None]] = set()
+    unexpected: list[str] = []
     for path in find_safetensors(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
                 target = model.map_checkpoint_name(name)
                 if target is None:
-                    continue
+                    continue  # derivable by design (rotary inv_freq, a tied lm_head)
                 pname, shard = target
                 if pname not in params:
-                    logger.debug("skipping checkpoint tensor %s (no matching parameter)", name)
+                    unexpected.append(name)
                     continue
                 param = params[pname]
                 # Tensor-parallel parameters slice their rank's part out of the full tensor.
@@ -64,11 +65,20 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike) -> None:
                 except ValueError as e:
                     raise ValueError(f"tensor {name!r}: {e}") from None
                 loaded.add((pname, shard))
+    if unexpected:
+        raise ValueError(
+            f"checkpoint {str(model_dir)!r} has tensors octavo's {type(model).__name__} does not use "
+            f"(refusing to drop them silently: a quantized or different architecture?): "
+            f"{_first_names(sorted(unexpected))}"
+        )
     missing = expected - loaded
     if missing:
         names = sorted(f"{p}[{s}]" if s else p for p, s in missing)
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        raise ValueError(f"checkpoint {str(model_dir)!r} is missing tensors: {shown}")
+        raise ValueError(f"checkpoint {str(model_dir)!r} is missing tensors: {_first_names(names)}")
+
+
+def _first_names(names: list[str], limit: int = 8) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _copy_whole(param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None) -> None:

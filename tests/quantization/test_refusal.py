@@ -1,0 +1,99 @@
+"""A checkpoint or flag asking for quantization octavo cannot honour is refused at load.
+
+The checkpoints here are real safetensors folders: the tiny Llama fixture rewritten with
+an FP8 ``compressed-tensors`` layout (float8 weights plus ``weight_scale`` tensors), as the
+checkpoints users bring look on disk. Before the refusal existed this loaded "fine" and
+generated garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from octavo import LLM
+from octavo.quantization import resolve_quantization
+
+COMPRESSED_FP8 = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+        }
+    },
+    "ignore": ["lm_head"],
+}
+
+
+def _fp8_checkpoint(src, dst, quant_config):
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("proj.weight"):
+            scale = t.abs().amax(dim=1, keepdim=True).float() / 448.0
+            out[name] = (t.float() / scale).to(torch.float8_e4m3fn)
+            out[name.removesuffix("weight") + "weight_scale"] = scale
+        else:
+            out[name] = t
+    save_file(out, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    if quant_config is None:
+        cfg.pop("quantization_config", None)
+    else:
+        cfg["quantization_config"] = quant_config
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_compressed_tensors_fp8_checkpoint_is_refused(llama_dir, tmp_path):
+    d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", COMPRESSED_FP8)
+    with pytest.raises(ValueError, match=r"quantization method 'compressed-tensors'.*octavo supports: none"):
+        LLM(str(d))
+
+
+def test_scales_without_quantization_config_are_not_dropped(llama_dir, tmp_path):
+    d = _fp8_checkpoint(llama_dir, tmp_path / "fp8-noconfig", None)
+    with pytest.raises(ValueError, match=r"tensors octavo's .* does not use.*weight_scale"):
+        LLM(str(d))
+
+
+@pytest.mark.parametrize(
+    "qcfg, pattern",
+    [
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, r"'bitsandbytes' \(a vLLM method octavo does not implement yet\)"),
+        ({"quant_method": "my-magic-quant"}, r"'my-magic-quant'; octavo supports"),
+        ({"bits": 4, "group_size": 128}, r"names no quant_method \(keys: bits, group_size\)"),
+    ],
+)
+def test_quantization_config_refused_with_method_named(llama_dir, tmp_path, qcfg, pattern):
+    d = tmp_path / "q"
+    shutil.copytree(llama_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = qcfg
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=pattern):
+        LLM(str(d))
+
+
+def test_quantization_flag_is_refused_not_ignored(llama_dir):
+    with pytest.raises(ValueError, match=r"--quantization \(quantization\) asks for quantization method 'fp8'"):
+        LLM(llama_dir, quantization="fp8")
+
+
+def test_method_known_but_not_on_this_platform(monkeypatch):
+    import octavo.quantization as q
+
+    monkeypatch.setitem(q.QUANTIZATION_METHODS, "fp8", "some.module.Fp8")
+    with pytest.raises(ValueError, match=r"'fp8', which the cpu platform cannot run; supported here: none"):
+        resolve_quantization(None, {"quant_method": "fp8"}, "cpu", ())
+    assert resolve_quantization(None, {"quant_method": "fp8"}, "cuda", ("fp8",)) == "fp8"
+    with pytest.raises(ValueError, match="does not match the checkpoint"):
+        resolve_quantization("awq", {"quant_method": "fp8"}, "cuda", ("fp8",))
