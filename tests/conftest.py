@@ -12,6 +12,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 
 
+@pytest.fixture
+def cpu_platform(monkeypatch):
+    """Force the CPU platform for a test that means CPU (it would pick CUDA on a GPU machine).
+
+    Set in the environment, so worker processes the test spawns resolve CPU too.
+    """
+    from octavo.platforms import reset_current_platform
+
+    monkeypatch.setenv("OCTAVO_PLATFORM", "cpu")
+    reset_current_platform()
+    yield
+    reset_current_platform()  # re-resolved lazily, after monkeypatch restores the environment
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     from tests.fixtures.checkpoints import build_tokenizer

@@ -182,6 +182,7 @@ def test_padded_tokens_are_zero_and_slots_negative_skip():
     assert rel_err(out[:2], ref_out) < TOL[torch.float32]
 
 
+@pytest.mark.usefixtures("cpu_platform")
 def test_engine_greedy_tokens_match_torch_ref(llama_dir, monkeypatch):
     """The whole engine on cpu_paged generates the torch_ref tokens (float32, greedy)."""
     from octavo import LLM, SamplingParams

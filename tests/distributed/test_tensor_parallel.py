@@ -30,11 +30,13 @@ def _generate(path: str, tp: int, backend: str = "mp") -> list[list[int]]:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.usefixtures("cpu_platform")  # gloo on CPU: 2 workers, on any machine
 def test_tp2_matches_tp1(arch, checkpoints):
     path = checkpoints[arch]
     assert _generate(path, 2) == _generate(path, 1)
 
 
+@pytest.mark.usefixtures("cpu_platform")
 def test_worker_death_fails_requests_quickly(llama_dir):
     llm = LLM(llama_dir, dtype="float32", tensor_parallel_size=2)
     executor = llm.llm_engine.core.executor
@@ -53,6 +55,7 @@ def test_worker_death_fails_requests_quickly(llama_dir):
 
 
 @pytest.mark.ray
+@pytest.mark.usefixtures("cpu_platform")
 def test_ray_backend_tp2_matches_tp1(llama_dir):
     ray = pytest.importorskip("ray")
     try:
