@@ -104,19 +104,29 @@ def test_fp32_stays_on_the_eager_path():
     assert layers._use_fused(torch.zeros(2, 2, dtype=torch.bfloat16)) is cfo
 
 
-def test_prepacked_linear_is_bit_identical_and_tracks_weight_updates():
+def test_prepacked_linear_matches_and_tracks_weight_updates():
+    """Prepacked oneDNN weights give F.linear's result and follow in-place weight updates.
+
+    Bit-identity holds where oneDNN picks the same kernel for both calls (AVX-512 here); on CPUs
+    where it does not (AMX hosts), the two round differently, so the check is bf16 closeness —
+    tight enough that a stale packed copy (weights doubled below) fails it.
+    """
     if not cfo.PREPACK:
         pytest.skip("torch has no oneDNN prepacking here")
     torch.manual_seed(0)
     lin = torch.nn.Linear(576, 960, bias=True).to(torch.bfloat16)
+
+    def check(x):
+        with torch.inference_mode():
+            got, want = layers.linear(lin, x), torch.nn.functional.linear(x, lin.weight, lin.bias)
+        torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=2e-2)
+
     for m in (1, 5, 32):
         x = torch.randn(m, 576).to(torch.bfloat16)
-        with torch.inference_mode():
-            assert torch.equal(layers.linear(lin, x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+        check(x)
     with torch.no_grad():
         lin.weight.mul_(2)  # in place: the packed copy must be rebuilt
-    with torch.inference_mode():
-        assert torch.equal(layers.linear(lin, x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    check(x)
     # fp32 keeps the plain path
     lin32 = torch.nn.Linear(16, 8)
     x32 = torch.randn(3, 16)
