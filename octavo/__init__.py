@@ -20,7 +20,7 @@ _LAZY = {
     "SamplingParams": "octavo.sampling_params",
     "RequestOutput": "octavo.outputs",
     "CompletionOutput": "octavo.outputs",
-    "EngineArgs": "octavo.config",
+    "EngineArgs": "octavo.engine.arg_utils",
 }
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "EngineArgs", "__version__"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -91,8 +91,23 @@ class AttentionImpl:
         raise NotImplementedError
 
 
+class PlatformView(Protocol):
+    """What a backend may ask of the platform it is validated for.
+
+    The platform layer passes itself (a ``Platform`` class) into ``validate``; backends never
+    import a platform, so the attention layer stays below the platform layer.
+    """
+
+    name: str
+    device_type: str
+
+    def get_device_capability(self, device_id: int = 0) -> tuple[int, int] | None: ...
+
+
 class AttentionBackend:
     name: ClassVar[str] = "abstract"
+    # None: any device type; else the torch device types (``Platform.device_type``) it runs on.
+    supported_device_types: ClassVar[tuple[str, ...] | None] = None
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (
         torch.float32,
         torch.float16,
@@ -105,10 +120,18 @@ class AttentionBackend:
 
     @classmethod
     def validate(
-        cls, head_size: int, dtype: torch.dtype, kv_cache_dtype: str, block_size: int
+        cls,
+        head_size: int,
+        dtype: torch.dtype,
+        kv_cache_dtype: str,
+        block_size: int,
+        platform: PlatformView,
     ) -> list[str]:
-        """Reasons this backend cannot run the configuration (empty when it can)."""
+        """Reasons this backend cannot run the configuration on ``platform`` (empty when it can)."""
         reasons = []
+        types = cls.supported_device_types
+        if types is not None and platform.device_type not in types:
+            reasons.append(f"runs on {'/'.join(types)} devices, not {platform.device_type}")
         if dtype not in cls.supported_dtypes:
             reasons.append(f"dtype {dtype} not supported")
         if kv_cache_dtype not in cls.supported_kv_cache_dtypes:
@@ -117,12 +140,13 @@ class AttentionBackend:
             reasons.append(f"head size {head_size} not in {list(cls.supported_head_sizes)}")
         if cls.supported_block_sizes is not None and block_size not in cls.supported_block_sizes:
             reasons.append(f"block size {block_size} not in {list(cls.supported_block_sizes)}")
-        reasons.extend(cls.extra_reasons(head_size, dtype, kv_cache_dtype, block_size))
+        reasons.extend(cls.extra_reasons(head_size, dtype, kv_cache_dtype, block_size, platform))
         return reasons
 
     @classmethod
     def extra_reasons(
-        cls, head_size: int, dtype: torch.dtype, kv_cache_dtype: str, block_size: int
+        cls, head_size: int, dtype: torch.dtype, kv_cache_dtype: str, block_size: int,
+        platform: PlatformView,
     ) -> list[str]:
         """Backend-specific reasons (a missing package, a missing device capability)."""
         return []

@@ -60,7 +60,7 @@ def setup_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def engine_config(args: argparse.Namespace):
     """The resolved ``OctavoConfig`` for the engine flags (cheap: reads config.json only)."""
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     return EngineArgs.from_cli_args(args).create_engine_config()
 
@@ -75,7 +75,7 @@ def make_llm(args: argparse.Namespace) -> tuple[Any, float]:
     """``(LLM, startup seconds)``: weights, KV cache allocation and everything else."""
     import dataclasses
 
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.entrypoints.llm import LLM
 
     eargs = EngineArgs.from_cli_args(args)

@@ -39,7 +39,7 @@ _ids = itertools.count()
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=32)

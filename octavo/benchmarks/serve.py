@@ -317,7 +317,7 @@ def compute_metrics(results: list[RequestResult], duration: float,
 def load_client_tokenizer(args: argparse.Namespace, model: str) -> Any:
     from transformers import AutoTokenizer
 
-    from octavo.config import resolve_model_path
+    from octavo.engine.model_files import resolve_model_path
 
     name = args.tokenizer or args.model or model
     try:

@@ -34,7 +34,7 @@ SUMMARY_KEYS = [
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     parser.add_argument("--dataset", default="random",
                         help="random (token ids of exact lengths), sharegpt (the small synthetic "

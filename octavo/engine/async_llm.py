@@ -24,8 +24,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from octavo.config import EngineArgs, OctavoConfig
+from octavo.config import OctavoConfig
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
+from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.core_client import EngineCoreClient, EngineDeadError, make_client
 from octavo.engine.llm_engine import load_tokenizer
 from octavo.engine.output_processor import OutputKind, OutputProcessor

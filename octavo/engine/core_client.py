@@ -29,10 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 import octavo
-from octavo.config import EngineArgs, OctavoConfig
+from octavo.config import OctavoConfig
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request
 from octavo.engine import serial
+from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.core_proc import EngineCoreLoop, engine_facts
 
 logger = logging.getLogger(__name__)

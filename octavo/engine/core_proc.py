@@ -148,7 +148,7 @@ def _die_with_parent() -> None:
 def main(argv: list[str] | None = None) -> int:
     import zmq
 
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.logger import configure_logging
 
     parser = argparse.ArgumentParser(prog="octavo-engine-core")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from octavo.config import EngineArgs, OctavoConfig
+from octavo.config import OctavoConfig
 from octavo.core.outputs import SchedulerStats
 from octavo.core.request import RequestStatus
+from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputKind, OutputProcessor
 from octavo.engine.processor import Processor, PromptType

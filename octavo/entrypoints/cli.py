@@ -7,7 +7,7 @@ import sys
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.entrypoints.llm import LLM
     from octavo.sampling_params import SamplingParams
 
@@ -78,7 +78,7 @@ def _add_serve_parser(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from octavo import __version__
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     parser = argparse.ArgumentParser(prog="octavo", description="octavo LLM inference engine")
     parser.add_argument("--version", action="version", version=f"octavo {__version__}")

@@ -18,7 +18,7 @@ def collect_info(model: str | None = None) -> dict[str, str]:
     import torch
 
     from octavo import __version__
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.platforms import get_resolution
     from octavo.platforms.interface import PLATFORM_API_VERSION
 

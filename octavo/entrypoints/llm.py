@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
-from octavo.config import EngineArgs
+from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.output_processor import OutputKind
 from octavo.engine.processor import PromptType

@@ -33,7 +33,7 @@ def _free_port() -> int:
 def _worker_main(config_args: dict, rank: int, init_method: str, conn: Connection) -> None:
     """Entry point of a worker process: build the worker, then serve calls until shutdown."""
     try:
-        from octavo.config import EngineArgs
+        from octavo.engine.arg_utils import EngineArgs
         from octavo.logger import configure_logging
         from octavo.worker.worker import Worker
 

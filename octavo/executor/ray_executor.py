@@ -21,7 +21,7 @@ class _RayWorker:
     """Actor body: builds a ``Worker`` from plain engine args (no pickled config objects)."""
 
     def __init__(self, config_args: dict, rank: int, init_method: str) -> None:
-        from octavo.config import EngineArgs
+        from octavo.engine.arg_utils import EngineArgs
         from octavo.worker.worker import Worker
 
         config = EngineArgs(**config_args).create_engine_config()

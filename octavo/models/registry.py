@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 
+from octavo.utils import plugins
+
 _LLAMA = "octavo.models.llama.LlamaForCausalLM"
 
 _MODELS: dict[str, str] = {
@@ -29,9 +31,7 @@ def supported_architectures() -> list[str]:
 
 def _load_plugins() -> None:
     """Architectures registered by ``octavo.general_plugins`` entry points (once per process)."""
-    from octavo.platforms import load_general_plugins
-
-    load_general_plugins()
+    plugins.load_general_plugins()
 
 
 def resolve_architecture(architectures: list[str] | None) -> tuple[str, type]:

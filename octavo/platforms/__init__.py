@@ -14,9 +14,8 @@ Resolution order:
 Every platform that comes from outside octavo passes ``check_api_version``. The outcome,
 with why every alternative was not taken, is kept as a ``PlatformResolution`` for ``octavo info``.
 
-A second group, ``octavo.general_plugins``, holds zero-argument functions that extend octavo
-(e.g. ``octavo.models.registry.register_model``); ``load_general_plugins`` runs each once per
-process.
+The entry-point groups and the general-plugin loader live in ``octavo.utils.plugins`` (a leaf
+any layer may import); they are re-exported here for plugin authors.
 """
 
 from __future__ import annotations
@@ -29,6 +28,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from octavo import envs
+from octavo.utils import plugins
+from octavo.utils.plugins import (
+    GENERAL_PLUGINS_GROUP,
+    PLATFORM_PLUGINS_GROUP,
+    load_general_plugins,
+    reset_general_plugins,
+)
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
@@ -36,9 +42,6 @@ if TYPE_CHECKING:
     from octavo.platforms.interface import Platform
 
 logger = logging.getLogger(__name__)
-
-PLATFORM_PLUGINS_GROUP = "octavo.platform_plugins"
-GENERAL_PLUGINS_GROUP = "octavo.general_plugins"
 
 # Resolution order of the built-ins; CPU last, it is always available.
 BUILTIN_PLATFORMS: dict[str, str] = {
@@ -66,17 +69,9 @@ class PlatformResolution:
 
 _current: type[Platform] | None = None
 _resolution: PlatformResolution | None = None
-_general_plugins_loaded = False
 
 
 # -- loading --------------------------------------------------------------------------------
-def _entry_points(group: str) -> list[EntryPoint]:
-    """Installed entry points of ``group`` (tests replace this to simulate installs)."""
-    from importlib.metadata import entry_points
-
-    return list(entry_points(group=group))
-
-
 def load_platform_class(path: str) -> type[Platform]:
     """Import ``module.Class`` and check it is a Platform subclass."""
     from octavo.platforms.interface import Platform
@@ -145,7 +140,7 @@ def _resolve_forced(forced: str) -> PlatformResolution:
         if reason is not None:
             raise PlatformResolutionError(f"OCTAVO_PLATFORM={forced} but it cannot run here: {reason}")
         return PlatformResolution(cls, how, others)
-    eps = {ep.name: ep for ep in _entry_points(PLATFORM_PLUGINS_GROUP)}
+    eps = {ep.name: ep for ep in plugins.entry_points(PLATFORM_PLUGINS_GROUP)}
     if forced in eps:
         path, what = _probe_plugin(eps[forced])
         if path is None:
@@ -166,7 +161,7 @@ def _resolve() -> PlatformResolution:
         return _resolve_forced(forced)
     alternatives: dict[str, str] = {}
     active: list[tuple[EntryPoint, str]] = []
-    for ep in _entry_points(PLATFORM_PLUGINS_GROUP):
+    for ep in plugins.entry_points(PLATFORM_PLUGINS_GROUP):
         path, what = _probe_plugin(ep)
         if path is None:
             alternatives[f"plugin {ep.name}"] = what
@@ -250,30 +245,6 @@ def use_platform(platform: type[Platform]) -> Iterator[type[Platform]]:
         _current, _resolution = saved
 
 
-def load_general_plugins() -> None:
-    """Run every ``octavo.general_plugins`` entry point once per process.
-
-    Each is a zero-argument function (typically registering model architectures); one that
-    raises is logged with its traceback and skipped.
-    """
-    global _general_plugins_loaded
-    if _general_plugins_loaded:
-        return
-    _general_plugins_loaded = True  # before calling: a plugin may re-enter octavo
-    for ep in _entry_points(GENERAL_PLUGINS_GROUP):
-        try:
-            ep.load()()
-            logger.debug("loaded general plugin %s (%s)", ep.name, ep.value)
-        except Exception:
-            logger.warning("general plugin %r (%s) failed; skipping it", ep.name, ep.value, exc_info=True)
-
-
-def reset_general_plugins() -> None:
-    """Let ``load_general_plugins`` run again (tests)."""
-    global _general_plugins_loaded
-    _general_plugins_loaded = False
-
-
 class _LazyPlatform:
     """Proxy resolving the platform on first attribute access."""
 
@@ -311,6 +282,7 @@ __all__ = [
     "load_general_plugins",
     "load_platform_class",
     "reset_current_platform",
+    "reset_general_plugins",
     "resolve_platform",
     "use_platform",
 ]

@@ -27,8 +27,6 @@ platform whose major version differs from ``PLATFORM_API_VERSION`` is refused at
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import logging
 import random
 from dataclasses import dataclass
@@ -62,18 +60,6 @@ class Choice:
 
 class PlatformAPIVersionError(ValueError):
     """A platform declares an interface major version this octavo does not implement."""
-
-
-def package_available(name: str) -> bool:
-    """Whether ``import name`` would find a module, without importing it.
-
-    Every optional-package probe in platforms and backends goes through this one function (read
-    as ``interface.package_available`` at call time) so tests can simulate installed stacks.
-    """
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a parent package missing, or a broken __spec__
-        return False
 
 
 def api_major(version: str) -> int:
@@ -333,12 +319,7 @@ class Platform:
         kv_cache_dtype: str,
         block_size: int,
     ) -> list[str]:
-        reasons = []
-        device_types = getattr(backend, "supported_device_types", None)
-        if device_types is not None and cls.device_type not in device_types:
-            reasons.append(f"runs on {'/'.join(device_types)} devices, not {cls.device_type}")
-        reasons.extend(backend.validate(head_size, dtype, kv_cache_dtype, block_size))
-        return reasons
+        return backend.validate(head_size, dtype, kv_cache_dtype, block_size, platform=cls)
 
     @classmethod
     def get_graph_capture(cls, config: OctavoConfig | None = None) -> Choice:

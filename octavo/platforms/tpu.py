@@ -12,15 +12,15 @@ from typing import ClassVar
 
 import torch
 
-from octavo.platforms import interface
 from octavo.platforms.interface import Platform
+from octavo.utils import packages
 
 MIN_TOKEN_BUCKET = 16
 
 
 # -- probes (replaced by tests that simulate other machines) ----------------------------------
 def _probe_torch_xla_installed() -> bool:
-    return interface.package_available("torch_xla")
+    return packages.package_available("torch_xla")
 
 
 def _probe_xla_device_type() -> str | None:

@@ -12,8 +12,8 @@ from typing import ClassVar
 
 import torch
 
-from octavo.platforms import interface
 from octavo.platforms.interface import Choice, Platform
+from octavo.utils import packages
 
 
 # -- probes (replaced by tests that simulate other machines) ----------------------------------
@@ -70,7 +70,7 @@ class XpuPlatform(Platform):
     def get_communicator(cls) -> Choice:
         if _probe_xccl_available():
             return Choice("xccl", cls.communicator_reason)
-        if interface.package_available("oneccl_bindings_for_pytorch"):
+        if packages.package_available("oneccl_bindings_for_pytorch"):
             return Choice("ccl", "oneCCL bindings (this torch has no native xccl)")
         return Choice(
             "xccl",
@@ -132,7 +132,7 @@ class XpuPlatform(Platform):
     @classmethod
     def describe(cls) -> dict[str, str]:
         info = {"device": cls.get_device_name(), "device count": str(cls.device_count())}
-        ipex = "installed" if interface.package_available("intel_extension_for_pytorch") else "not installed"
+        ipex = "installed" if packages.package_available("intel_extension_for_pytorch") else "not installed"
         info["ipex"] = ipex
         with contextlib.suppress(Exception):
             info["driver"] = str(torch.xpu.get_device_properties(0).driver_version)

@@ -167,7 +167,7 @@ class PlatformConformance:
     def conformance_model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> str:
         """A small HF checkpoint folder: the default model if present, else a tiny random one
         (written once per process)."""
-        from octavo.config import resolve_model_path
+        from octavo.engine.model_files import resolve_model_path
 
         try:
             return resolve_model_path(None)
@@ -345,7 +345,7 @@ class PlatformConformance:
 
     # -- end to end ------------------------------------------------------------------------
     def test_engine_config(self, plat: type[Platform], conformance_model_dir: str) -> None:
-        from octavo.config import EngineArgs
+        from octavo.engine.arg_utils import EngineArgs
 
         with use_platform(plat):
             cfg = EngineArgs(model=conformance_model_dir, max_model_len=256).create_engine_config()

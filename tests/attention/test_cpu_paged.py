@@ -24,6 +24,7 @@ from octavo.attention.backends.cpu_paged import (  # noqa: E402
     cache_from_reference,
     cache_to_reference,
 )
+from octavo.platforms.cpu import CpuPlatform  # noqa: E402
 from tests.attention.paged_cases import make_batch, reference, rel_err  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -144,19 +145,19 @@ def test_forcing_an_isa_the_cpu_lacks_is_refused(monkeypatch):
     cpu_isa.clear_cache()
     try:
         with pytest.raises(ValueError, match="lacks it"):
-            CpuPagedBackend.validate(64, torch.bfloat16, "auto", 16)
+            CpuPagedBackend.validate(64, torch.bfloat16, "auto", 16, CpuPlatform)
     finally:
         monkeypatch.delenv("OCTAVO_CPU_ISA")
         cpu_isa.clear_cache()
 
 
 def test_validate_reasons():
-    ok = CpuPagedBackend.validate(128, torch.bfloat16, "auto", 16)
+    ok = CpuPagedBackend.validate(128, torch.bfloat16, "auto", 16, CpuPlatform)
     assert ok == []
-    reasons = CpuPagedBackend.validate(72, torch.bfloat16, "auto", 8)
+    reasons = CpuPagedBackend.validate(72, torch.bfloat16, "auto", 8, CpuPlatform)
     assert any("head size 72" in r for r in reasons)
     assert any("block size 8" in r for r in reasons)
-    assert CpuPagedBackend.validate(64, torch.bfloat16, "fp8", 16)
+    assert CpuPagedBackend.validate(64, torch.bfloat16, "fp8", 16, CpuPlatform)
 
 
 def test_kv_cache_shape_and_repacking_round_trip():

@@ -24,7 +24,7 @@ def make_app(model: str, max_model_len: int = 512):
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse, StreamingResponse
 
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.engine.llm_engine import LLMEngine
     from octavo.engine.output_processor import OutputKind
     from octavo.sampling_params import SamplingParams

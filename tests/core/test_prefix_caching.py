@@ -239,7 +239,7 @@ def test_sha256_hashes_and_bad_hash_name():
 
 
 def test_prefix_hash_env_reaches_the_config(monkeypatch, llama_dir):
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     monkeypatch.setenv("OCTAVO_PREFIX_HASH", "sha256")
     assert EngineArgs(model=llama_dir).create_engine_config().cache_config.prefix_hash == "sha256"

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from octavo.config import DEFAULT_MODEL_DIR
+from octavo.engine.model_files import DEFAULT_MODEL_DIR
 
 needs_default = pytest.mark.skipif(
     not (DEFAULT_MODEL_DIR / "model.safetensors").exists(), reason="shipped model missing"

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from octavo import LLM, SamplingParams
-from octavo.config import EngineArgs
+from octavo.engine.arg_utils import EngineArgs
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 
 ``simulate(monkeypatch, Machine(...))`` replaces the detection probes of the built-in platforms
 (``_probe_*`` in cuda.py, xpu.py, tpu.py) and the optional-package probe
-(``interface.package_available``), and resets ``current_platform`` so it re-resolves. Backends
+(``octavo.utils.packages.package_available``), and resets ``current_platform`` so it re-resolves. Backends
 whose real module imports fine without their package (flash_attn, ipex, xla) run their real
 ``validate``; ``triton_paged`` and ``cpu_paged`` are replaced by stand-ins of the right name,
 since their own checks look at the real machine (the stand-in ``cpu_paged`` runs only when
@@ -19,6 +19,7 @@ import pytest
 from octavo.attention.backends import xla as xla_backend
 from octavo.attention.backends.torch_ref import TorchRefBackend
 from octavo.platforms import cuda, interface, reset_current_platform, tpu, xpu
+from octavo.utils import packages, plugins
 
 STAND_INS = ("triton_paged", "cpu_paged")
 
@@ -51,7 +52,7 @@ def simulate(monkeypatch: pytest.MonkeyPatch, m: Machine) -> None:
     monkeypatch.setattr(tpu, "_probe_xla_device_type", lambda: "TPU" if m.tpu else "CPU")
     monkeypatch.setattr(tpu, "_probe_device_count", lambda: 4 if m.tpu else 0)
     monkeypatch.setattr(xla_backend, "_has_ragged_kernel", lambda: "torch_xla" in m.packages)
-    monkeypatch.setattr(interface, "package_available", lambda name: name in m.packages)
+    monkeypatch.setattr(packages, "package_available", lambda name: name in m.packages)
     real_import = interface._import_backend
 
     def cpu_kernel_reasons(cls, *args) -> list[str]:
@@ -66,5 +67,5 @@ def simulate(monkeypatch: pytest.MonkeyPatch, m: Machine) -> None:
     monkeypatch.setattr(interface, "_import_backend", import_backend)
     monkeypatch.delenv("OCTAVO_PLATFORM", raising=False)
     monkeypatch.delenv("OCTAVO_ATTENTION_BACKEND", raising=False)
-    monkeypatch.setattr("octavo.platforms._entry_points", lambda group: [])
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [])
     reset_current_platform()

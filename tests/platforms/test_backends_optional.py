@@ -14,6 +14,7 @@ from octavo.attention.backends import (
     missing_packages,
     resolve_backend,
 )
+from octavo.platforms.cpu import CpuPlatform
 
 
 @pytest.mark.parametrize("name", ["flash_attn", "ipex", "xla"])
@@ -24,7 +25,7 @@ def test_backend_imports_and_reports_missing_package(name):
     assert missing_packages(name) == [package]
     backend = resolve_backend(name)  # the module itself imports without the package
     assert backend.name == name
-    reasons = backend.validate(128, torch.bfloat16, "auto", 256)
+    reasons = backend.validate(128, torch.bfloat16, "auto", 256, CpuPlatform)
     assert f"package {package!r} is not installed" in reasons
 
 

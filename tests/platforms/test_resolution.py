@@ -45,7 +45,7 @@ def plugins(monkeypatch):
             calls.append(group)
             return groups[group]
 
-        monkeypatch.setattr(platforms, "_entry_points", entry_points)
+        monkeypatch.setattr("octavo.utils.plugins.entry_points", entry_points)
         reset_current_platform()
         return calls
 

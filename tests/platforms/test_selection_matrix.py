@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from octavo.config import EngineArgs
+from octavo.engine.arg_utils import EngineArgs
 from octavo.platforms import (
     PlatformResolutionError,
     get_current_platform,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 
 from octavo.attention.backend import AttentionBackend
+from octavo.utils import packages
 
 BACKENDS: dict[str, str] = {
     "torch_ref": "octavo.attention.backends.torch_ref.TorchRefBackend",
@@ -31,9 +32,7 @@ PACKAGE_REQUIREMENTS: dict[str, tuple[str, ...]] = {
 
 def missing_packages(name_or_path: str) -> list[str]:
     """Required packages of a registered backend that are not installed (empty for paths)."""
-    from octavo.platforms import interface
-
-    return [p for p in PACKAGE_REQUIREMENTS.get(name_or_path, ()) if not interface.package_available(p)]
+    return [p for p in PACKAGE_REQUIREMENTS.get(name_or_path, ()) if not packages.package_available(p)]
 
 
 def resolve_backend(name_or_path: str) -> type[AttentionBackend]:

@@ -162,7 +162,7 @@ class CpuPagedBackend(AttentionBackend):
     supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
 
     @classmethod
-    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size) -> list[str]:
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size, platform) -> list[str]:
         from octavo import envs
         from octavo.cpu_isa import extension_unavailable_reason, select_variant
 

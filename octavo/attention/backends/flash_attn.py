@@ -26,6 +26,7 @@ from octavo.attention.backend import (
     metadata_from_common,
 )
 from octavo.attention.backends.torch_ref import write_kv
+from octavo.utils import packages
 
 
 @dataclass
@@ -77,8 +78,8 @@ class FlashAttnBackend(StackedKVCacheBackend):
     MIN_CAPABILITY: ClassVar[tuple[int, int]] = (8, 0)
 
     @classmethod
-    def validate(cls, head_size, dtype, kv_cache_dtype, block_size):
-        reasons = super().validate(head_size, dtype, kv_cache_dtype, block_size)
+    def validate(cls, head_size, dtype, kv_cache_dtype, block_size, platform):
+        reasons = super().validate(head_size, dtype, kv_cache_dtype, block_size, platform)
         return [
             "FlashAttention-2's paged KV cache needs a block size divisible by 256 "
             f"(got {block_size}; pass --block-size 256)"
@@ -87,20 +88,16 @@ class FlashAttnBackend(StackedKVCacheBackend):
         ]
 
     @classmethod
-    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size):
-        from octavo.platforms import interface
-        from octavo.platforms.cuda import CudaPlatform
-
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size, platform):
         reasons = []
-        if not interface.package_available("flash_attn"):
+        if not packages.package_available("flash_attn"):
             reasons.append("package 'flash_attn' is not installed")
         if head_size % 8 != 0 or head_size > 256:
             reasons.append(f"head size {head_size} is not a multiple of 8 up to 256")
-        why_not = CudaPlatform.unavailable_reason()
-        if why_not is not None:
-            reasons.append(f"needs an NVIDIA GPU ({why_not})")
+        if platform.name != "cuda":  # ROCm shares the "cuda" device type, not FlashAttention-2
+            reasons.append(f"needs an NVIDIA GPU (the platform is {platform.name})")
         else:
-            cap = CudaPlatform.get_device_capability() or (0, 0)
+            cap = platform.get_device_capability() or (0, 0)
             if cap < cls.MIN_CAPABILITY:
                 reasons.append(
                     f"needs compute capability >= {cls.MIN_CAPABILITY[0]}.{cls.MIN_CAPABILITY[1]}, "

@@ -15,6 +15,7 @@ import torch
 
 from octavo.attention.backend import AttentionImpl, CommonAttentionMetadata, StackedKVCacheBackend
 from octavo.attention.backends.flash_attn import VarlenMetadata, build_varlen_metadata
+from octavo.utils import packages
 
 
 class IpexImpl(AttentionImpl):
@@ -50,11 +51,9 @@ class IpexBackend(StackedKVCacheBackend):
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = (16, 32, 64, 128, 256)
 
     @classmethod
-    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size):
-        from octavo.platforms import interface
-
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size, platform):
         reasons = []
-        if not interface.package_available("intel_extension_for_pytorch"):
+        if not packages.package_available("intel_extension_for_pytorch"):
             reasons.append("package 'intel_extension_for_pytorch' is not installed")
         if head_size % 8 != 0 or head_size > 256:
             reasons.append(f"head size {head_size} is not a multiple of 8 up to 256")

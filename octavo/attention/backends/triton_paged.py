@@ -88,7 +88,7 @@ class TritonPagedBackend(StackedKVCacheBackend):
     supported_block_sizes = (16, 32, 64, 128)
 
     @classmethod
-    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size):
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size, platform):
         reasons = []
         try:
             import triton  # noqa: F401

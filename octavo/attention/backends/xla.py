@@ -24,6 +24,7 @@ from octavo.attention.backend import (
     CommonAttentionMetadata,
     metadata_from_common,
 )
+from octavo.utils import packages
 
 TPU_HEAD_SIZE_ALIGNMENT = 128  # the kernel's lane width
 
@@ -78,13 +79,11 @@ class XlaBackend(AttentionBackend):
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float32)
 
     @classmethod
-    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size):
-        from octavo.platforms import interface
-
+    def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size, platform):
         reasons = []
         if head_size % TPU_HEAD_SIZE_ALIGNMENT != 0:
             reasons.append(f"head size {head_size} is not a multiple of {TPU_HEAD_SIZE_ALIGNMENT}")
-        if not interface.package_available("torch_xla"):
+        if not packages.package_available("torch_xla"):
             reasons.append("package 'torch_xla' is not installed")
         elif not _has_ragged_kernel():
             reasons.append("this torch_xla has no ragged_paged_attention kernel (needs >= 2.7)")

@@ -159,7 +159,7 @@ class _Server(uvicorn.Server):
 
 
 async def run_server(args: argparse.Namespace) -> int:
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     engine_args = EngineArgs.from_cli_args(args)
     chat_template = load_chat_template(args.chat_template)

@@ -8,7 +8,7 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
 
     parser.add_argument("model", nargs="?", default=None,
                         help="model folder or cached Hub id (default: the model shipped with octavo)")

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from octavo.config import EngineArgs
+from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.async_llm import AsyncLLM
 from octavo.metrics import ServerMetrics
 from octavo.sampling_params import SamplingParams

@@ -1,0 +1,282 @@
+"""``EngineArgs``: every user-facing knob under its vLLM name, and the builder of ``OctavoConfig``.
+
+``create_engine_config`` validates each flag (errors name the flag and the allowed range), reads
+the checkpoint's ``config.json`` and ``generation_config.json``, and lets the platform apply its
+policy (``check_and_update_config``). It lives in the engine layer because it needs the platform
+and the model registry; the frozen config dataclasses it builds (``octavo.config``) need neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from octavo import envs
+from octavo.config import (
+    CacheConfig,
+    DeviceConfig,
+    ModelConfig,
+    OctavoConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+from octavo.engine.model_files import (
+    flag,
+    load_hf_config,
+    load_sampling_defaults,
+    resolve_model_path,
+)
+from octavo.platforms import current_platform
+from octavo.quantization import resolve_quantization
+
+logger = logging.getLogger(__name__)
+
+STR_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+}
+
+# Context length assumed when config.json names none (vLLM's fallback too).
+FALLBACK_MAX_MODEL_LEN = 2048
+# Default token budget of one step with chunked prefill (vLLM's default for online serving).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+def _check(cond: bool, name: str, rng: str, value: Any) -> None:
+    if not cond:
+        raise ValueError(f"{flag(name)} must be {rng}; got {value!r}")
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    load_format: str = "auto"
+    block_size: int | None = None
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = None
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "auto"
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int = 256
+    scheduling_policy: str = "fcfs"
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"
+    enforce_eager: bool = False
+    # None: on for accelerators with one device, off on CPU (where a step runs synchronously).
+    async_scheduling: bool | None = None
+    # "auto": request defaults from the model's generation_config.json; "vllm" (or "none"):
+    # none; else a folder holding a generation_config.json.
+    generation_config: str = "auto"
+    # vLLM's --quantization: a method name, or None to follow the checkpoint's quantization_config.
+    quantization: str | None = None
+
+    def _validate(self) -> None:
+        _check(self.dtype in ("auto", *STR_DTYPES), "dtype", f"auto or one of {sorted(STR_DTYPES)}", self.dtype)
+        _check(self.load_format in ("auto", "safetensors", "dummy"), "load_format", "auto, safetensors or dummy", self.load_format)
+        if self.max_model_len is not None:
+            _check(self.max_model_len >= 1, "max_model_len", ">= 1", self.max_model_len)
+        if self.block_size is not None:
+            bs = self.block_size
+            _check(bs >= 1 and bs <= 256 and bs & (bs - 1) == 0, "block_size", "a power of two in [1, 256]", bs)
+        if self.num_gpu_blocks_override is not None:
+            _check(self.num_gpu_blocks_override >= 2, "num_gpu_blocks_override", ">= 2", self.num_gpu_blocks_override)
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]", self.gpu_memory_utilization)
+        if self.max_num_batched_tokens is not None:
+            _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1", self.max_num_batched_tokens)
+        _check(self.max_num_seqs >= 1, "max_num_seqs", ">= 1", self.max_num_seqs)
+        _check(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "fcfs or priority", self.scheduling_policy)
+        _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", ">= 0", self.long_prefill_token_threshold)
+        _check(self.tensor_parallel_size >= 1, "tensor_parallel_size", ">= 1", self.tensor_parallel_size)
+        _check(self.pipeline_parallel_size == 1, "pipeline_parallel_size", "1 (pipeline parallelism is reserved)", self.pipeline_parallel_size)
+        _check(self.distributed_executor_backend in ("mp", "ray"), "distributed_executor_backend", "mp or ray", self.distributed_executor_backend)
+        if self.async_scheduling:
+            _check(self.tensor_parallel_size == 1, "async_scheduling", "off with tensor_parallel_size > 1 (multi-process steps are synchronous)", self.async_scheduling)
+
+    # -- the builder: one function per seam ------------------------------------------------
+    def create_engine_config(self) -> OctavoConfig:
+        """Validate every flag, read the checkpoint, and apply the platform's policy."""
+        self._validate()
+        model_config = self._model_config()
+        config = OctavoConfig(
+            model_config=model_config,
+            cache_config=self._cache_config(),
+            scheduler_config=self._scheduler_config(model_config.max_model_len),
+            device_config=DeviceConfig(device=current_platform.device_type),
+            parallel_config=ParallelConfig(
+                tensor_parallel_size=self.tensor_parallel_size,
+                pipeline_parallel_size=self.pipeline_parallel_size,
+                distributed_executor_backend=self.distributed_executor_backend,
+            ),
+            enforce_eager=self.enforce_eager,
+        )
+        return current_platform.check_and_update_config(config)
+
+    def _model_config(self) -> ModelConfig:
+        model_dir = resolve_model_path(self.model)
+        hf_config, arch = load_hf_config(model_dir)
+        return ModelConfig(
+            model=model_dir,
+            tokenizer=self.tokenizer or model_dir,
+            architecture=arch,
+            dtype=self._dtype(hf_config),
+            max_model_len=self._max_model_len(hf_config),
+            seed=self.seed,
+            load_format=self.load_format,
+            served_model_name=self.served_model_name or (self.model or "octavo-default"),
+            hf_config=hf_config,
+            sampling_defaults=self._sampling_defaults(model_dir),
+            quantization=self._quantization(hf_config),
+        )
+
+    def _quantization(self, hf_config: Any) -> str | None:
+        """The method in effect; a method octavo cannot honour is refused here, at load."""
+        return resolve_quantization(
+            self.quantization, getattr(hf_config, "quantization_config", None),
+            current_platform.name, current_platform.supported_quantization,
+        )
+
+    def _dtype(self, hf_config: Any) -> torch.dtype:
+        """``auto``: the platform's choice for the checkpoint's dtype; else the flag, if supported."""
+        if self.dtype == "auto":
+            ckpt = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+            if isinstance(ckpt, str):
+                ckpt = STR_DTYPES.get(ckpt)
+            return current_platform.resolve_auto_dtype(ckpt)
+        dtype = STR_DTYPES[self.dtype]
+        supported = current_platform.supported_dtypes()
+        if dtype not in supported:
+            raise ValueError(
+                f"{flag('dtype')} {self.dtype} is not supported on {current_platform.name}; "
+                f"supported: {[str(d).removeprefix('torch.') for d in supported]}"
+            )
+        return dtype
+
+    def _max_model_len(self, hf_config: Any) -> int:
+        limit = context_limit(hf_config)
+        if self.max_model_len is None:
+            return limit
+        _check(self.max_model_len <= limit, "max_model_len", f"<= {limit} (the model's context length)", self.max_model_len)
+        return self.max_model_len
+
+    def _sampling_defaults(self, model_dir: str) -> dict[str, Any]:
+        if self.generation_config == "auto":
+            folder: str | None = model_dir
+        elif self.generation_config in ("vllm", "none"):
+            folder = None
+        else:
+            _check(os.path.isdir(self.generation_config), "generation_config",
+                   "auto, vllm, none or a folder with a generation_config.json", self.generation_config)
+            folder = self.generation_config
+        defaults = load_sampling_defaults(folder)
+        if defaults:
+            logger.info(
+                "default sampling parameters from %s/generation_config.json (used where a request "
+                "sets none; --generation-config vllm ignores them): %s", folder, defaults,
+            )
+        return defaults
+
+    def _cache_config(self) -> CacheConfig:
+        return CacheConfig(
+            block_size=self.block_size or current_platform.default_block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            num_gpu_blocks_override=self.num_gpu_blocks_override,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            kv_cache_dtype=self.kv_cache_dtype,
+            prefix_hash=envs.OCTAVO_PREFIX_HASH,
+        )
+
+    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            floor = self.max_num_seqs if self.enable_chunked_prefill else max_model_len
+            batched = max(DEFAULT_MAX_NUM_BATCHED_TOKENS, floor)
+        if not self.enable_chunked_prefill:
+            _check(batched >= max_model_len, "max_num_batched_tokens", f">= max_model_len ({max_model_len}) without chunked prefill", batched)
+        async_scheduling = self.async_scheduling
+        if async_scheduling is None:
+            async_scheduling = current_platform.device_type != "cpu" and self.tensor_parallel_size == 1
+        return SchedulerConfig(
+            max_num_batched_tokens=batched,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=max_model_len,
+            policy=self.scheduling_policy,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            async_scheduling=async_scheduling,
+        )
+
+    # -- CLI ----------------------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
+        d = EngineArgs()
+        if not model_positional:
+            parser.add_argument("--model", default=None, help="Model folder or cached Hub id (default: the shipped model).")
+        parser.add_argument("--tokenizer", default=None)
+        parser.add_argument("--served-model-name", default=None)
+        parser.add_argument("--dtype", default=d.dtype, help="auto, float32, bfloat16, float16.")
+        parser.add_argument("--max-model-len", type=int, default=None)
+        parser.add_argument("--seed", type=int, default=d.seed)
+        parser.add_argument("--load-format", default=d.load_format, choices=["auto", "safetensors", "dummy"])
+        parser.add_argument("--block-size", type=int, default=None)
+        parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+        parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+        parser.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype)
+        parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+        parser.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
+        parser.add_argument("--long-prefill-token-threshold", type=int, default=0)
+        parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
+        parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+        parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+        parser.add_argument("--distributed-executor-backend", default="mp", choices=["mp", "ray"])
+        parser.add_argument("--enforce-eager", action="store_true")
+        parser.add_argument(
+            "--quantization", "-q", default=None,
+            help="Quantization method (vLLM's names). Default: the checkpoint's quantization_config, "
+            "if any. A method octavo cannot run is refused at load, never silently ignored.",
+        )
+        parser.add_argument(
+            "--generation-config", default=d.generation_config,
+            help="auto: default sampling parameters from the model's generation_config.json; vllm or "
+            "none: ignore it; or a folder holding one.",
+        )
+        parser.add_argument(
+            "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+            help="Prepare the next step while the device runs the current one (default: on for one accelerator, off on CPU).",
+        )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def context_limit(hf_config: Any) -> int:
+    """The longest context the checkpoint supports as octavo runs it."""
+    limit = getattr(hf_config, "max_position_embeddings", None) or FALLBACK_MAX_MODEL_LEN
+    window = getattr(hf_config, "sliding_window", None)
+    if window and getattr(hf_config, "use_sliding_window", True) and window < limit:
+        logger.warning("sliding window attention (%d) is not implemented; capping the context at it", window)
+        limit = window
+    return limit
