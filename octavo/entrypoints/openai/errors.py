@@ -100,9 +100,23 @@ def sse_error(exc: BaseException) -> str:
     return f"data: {json.dumps(to_openai_error(exc).body())}\n\n"
 
 
+def _unsupported_fields(errors: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """Fields the request models forbid (pydantic ``extra_forbidden``): named, all of them."""
+    names = [".".join(str(p) for p in e.get("loc", ()) if p != "body" and not str(p)[:1].isupper())
+             for e in errors if e.get("type") == "extra_forbidden"]
+    if not names:
+        return None
+    listed = ", ".join(repr(n) for n in names)
+    noun = "field" if len(names) == 1 else "fields"
+    return f"unsupported request {noun} {listed}: octavo does not implement {'it' if len(names) == 1 else 'them'}", names[0]
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
+    unsupported = _unsupported_fields(errors)
+    if unsupported is not None:
+        return unsupported
     e = errors[0]
     loc = [str(p) for p in e.get("loc", ()) if p != "body"]
     if e.get("type") == "json_invalid":
@@ -110,7 +124,7 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if e.get("type") == "model_attributes_type" or (not loc and e.get("type") in ("dict_type", "model_type")):
         return "the request body must be a JSON object", None
     # Union members (prompt: str | list[...]) make pydantic report one error per member.
-    param = ".".join(p for p in loc if not (p.startswith(("list[", "str", "int")) or "[" in p)) or None
+    param = ".".join(p for p in loc if not (p in ("str", "int") or "[" in p or p[:1].isupper())) or None
     msg = e.get("msg", "invalid value")
     extra = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + extra, param

@@ -1,7 +1,11 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic v2), plus vLLM's extras.
 
-Requests ignore unknown fields (OpenAI SDKs send new ones all the time); non-finite floats are
-refused; ranges that need the model (token ids in the vocabulary, prompt + max_tokens within
+A request field octavo does not implement is refused (400 naming the field), never silently
+dropped: a client that asks for ``guided_json`` or ``best_of`` must not get unconstrained text back.
+A short allow-list of OpenAI fields that change nothing about the generated text is accepted and
+ignored: ``user`` (an end-user id for abuse tracking), ``store`` and ``metadata`` (OpenAI's
+stored-completions dashboard). Chat messages keep unknown keys: they are handed to the chat template,
+which may use them. Non-finite floats are refused; ranges that need the model (token ids in the vocabulary, prompt + max_tokens within
 the context) are checked by the input processor. Every refusal becomes a 400 in OpenAI's error
 shape (see ``errors.py``).
 """
@@ -12,7 +16,7 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_N = 128  # samples per prompt
 MAX_LOGPROBS = 20  # top logprobs per position (OpenAI allows 20 for chat, vLLM's default cap)
@@ -30,12 +34,25 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def only_default(default: Any, what: str):
+    """A validator for a field octavo knows but implements only at its default value."""
+
+    def check(cls, v: Any) -> Any:
+        if v is not None and v != default:
+            raise ValueError(f"{what} is not supported (only {default!r})")
+        return v
+
+    return check
 
 
 class StreamOptions(OpenAIModel):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+
+    _no_continuous = field_validator("continuous_usage_stats")(only_default(False, "continuous_usage_stats"))
 
 
 class SamplingFields(OpenAIModel):
@@ -52,7 +69,10 @@ class SamplingFields(OpenAIModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    # Accepted and ignored (see the module docstring): they do not change the generated text.
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
     # vLLM extras
     top_k: Int32 | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -69,6 +89,10 @@ class SamplingFields(OpenAIModel):
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1)
     request_id: str | None = Field(default=None, max_length=256)
+
+    _spaces = field_validator("spaces_between_special_tokens")(
+        only_default(True, "spaces_between_special_tokens=false")
+    )
 
 
 class CompletionRequest(SamplingFields):
@@ -104,6 +128,8 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+
+    _no_echo = field_validator("echo")(only_default(False, "echo in chat completions"))
 
 
 class TokenizeCompletionRequest(OpenAIModel):
