@@ -56,10 +56,6 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _str("OCTAVO_CPU_THREADS_BIND", "auto"),
         "CPU compute-thread placement: auto (one per physical core), a core list like 0-3, or none.",
     ),
-    "OCTAVO_PREFIX_HASH": (
-        _str("OCTAVO_PREFIX_HASH", "builtin"),
-        "Block hash for prefix caching: builtin (fast) or sha256 (collision resistant).",
-    ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),
         "Run the engine core inside the API process (debugging).",

@@ -34,7 +34,7 @@ class KVCacheManager:
         num_blocks: int,
         block_size: int,
         enable_caching: bool = True,
-        hash_algo: str = "builtin",
+        hash_algo: str = "sha256",
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
