@@ -100,7 +100,7 @@ def collect_environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
         env["platform"] = current_platform.name
         env["device"] = current_platform.get_device_name()
-        if current_platform.device_type != "cpu":
+        if not current_platform.device_is_host():
             env["gpu"] = env["device"]
             env["gpu_count"] = current_platform.device_count()
     except Exception as e:  # noqa: BLE001 - a report must still be written

@@ -205,7 +205,7 @@ class EngineArgs:
             _check(batched >= max_model_len, "max_num_batched_tokens", f">= max_model_len ({max_model_len}) without chunked prefill", batched)
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
-            async_scheduling = current_platform.device_type != "cpu" and self.tensor_parallel_size == 1
+            async_scheduling = not current_platform.device_is_host() and self.tensor_parallel_size == 1
         return SchedulerConfig(
             max_num_batched_tokens=batched,
             max_num_seqs=self.max_num_seqs,

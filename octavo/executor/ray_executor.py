@@ -49,7 +49,7 @@ class RayExecutor(DistributedExecutor):
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
         world = config.parallel_config.tensor_parallel_size
-        on_gpu = current_platform.device_type != "cpu"
+        on_gpu = not current_platform.device_is_host()
         bundle = {"GPU": 1, "CPU": 1} if on_gpu else {"CPU": 1}
         self.pg = placement_group([bundle] * world, strategy="PACK")
         ray.get(self.pg.ready(), timeout=120)

@@ -93,6 +93,11 @@ def _probe_total_memory(device_id: int = 0) -> int:
     return torch.cuda.get_device_properties(device_id).total_memory
 
 
+# Sizing of the CUDA/HIP graph memory pool (see ``CudaLikePlatform.graph_pool_bytes``).
+GRAPH_POOL_MARGIN = 1.1
+GRAPH_POOL_RESERVE = 64 << 20
+
+
 class CudaLikePlatform(Platform):
     """Device operations shared by the platforms that drive GPUs through ``torch.cuda``.
 
@@ -101,6 +106,7 @@ class CudaLikePlatform(Platform):
     """
 
     device_type = "cuda"
+    fused_op_kernels = "triton"
     auto_casts_float32 = True
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128, 256)
     default_block_size = 16
@@ -146,6 +152,29 @@ class CudaLikePlatform(Platform):
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return True
+
+    @classmethod
+    def supports_memory_profiling(cls) -> bool:
+        return True
+
+    @classmethod
+    def memory_allocated(cls, device: torch.device) -> int:
+        return torch.cuda.memory_allocated(device)
+
+    @classmethod
+    def max_memory_allocated(cls, device: torch.device) -> int:
+        return torch.cuda.max_memory_allocated(device)
+
+    @classmethod
+    def reset_peak_memory_stats(cls, device: torch.device) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    @classmethod
+    def graph_pool_bytes(cls, decode_peak_bytes: int) -> int:
+        """The graphs share one pool sized by the largest capture: its eager decode peak plus
+        ``GRAPH_POOL_MARGIN`` for the allocator's rounding and fragmentation inside the private
+        pool, plus ``GRAPH_POOL_RESERVE`` for cuBLAS workspaces and the graph objects."""
+        return int(decode_peak_bytes * GRAPH_POOL_MARGIN) + GRAPH_POOL_RESERVE
 
     @classmethod
     def new_event(cls) -> torch.cuda.Event:

@@ -130,6 +130,22 @@ class XpuPlatform(Platform):
         return True
 
     @classmethod
+    def supports_memory_profiling(cls) -> bool:
+        return True
+
+    @classmethod
+    def memory_allocated(cls, device: torch.device) -> int:
+        return torch.xpu.memory_allocated(device)
+
+    @classmethod
+    def max_memory_allocated(cls, device: torch.device) -> int:
+        return torch.xpu.max_memory_allocated(device)
+
+    @classmethod
+    def reset_peak_memory_stats(cls, device: torch.device) -> None:
+        torch.xpu.reset_peak_memory_stats(device)
+
+    @classmethod
     def describe(cls) -> dict[str, str]:
         info = {"device": cls.get_device_name(), "device count": str(cls.device_count())}
         ipex = "installed" if packages.package_available("intel_extension_for_pytorch") else "not installed"

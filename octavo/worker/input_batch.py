@@ -19,7 +19,7 @@ import torch
 from octavo.core.sampler import SamplingMetadata, bad_words_positions, token_seed
 from octavo.core.scheduler_output import NewRequestData
 from octavo.sampling_params import _SAMPLING_EPS, SamplingParams
-from octavo.worker.transfer import to_device
+from octavo.worker.transfer import DeviceTransfer
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -157,7 +157,7 @@ class InputBatch:
 
     # -- sampling metadata ----------------------------------------------------------------
     def make_sampling_metadata(
-        self, rows: np.ndarray, vocab_size: int, device: torch.device, num_pending: np.ndarray | None = None
+        self, rows: np.ndarray, vocab_size: int, transfer: DeviceTransfer, num_pending: np.ndarray | None = None
     ) -> SamplingMetadata:
         """Metadata for sampling the next token of ``rows`` (in that order).
 
@@ -167,7 +167,7 @@ class InputBatch:
         """
 
         def dev(a: np.ndarray) -> torch.Tensor:
-            return to_device(a, device)
+            return transfer.to_device(a)
 
         s = len(rows)
         temps = self.temperature[rows]
@@ -181,7 +181,7 @@ class InputBatch:
 
         generators: dict[int, torch.Generator] = {}
         for i in np.nonzero(self.has_seed[rows])[0].tolist():
-            g = torch.Generator(device=device)
+            g = torch.Generator(device=transfer.device)
             g.manual_seed(token_seed(int(self.seed[rows[i]]), int(num_out[i])))
             generators[i] = g
 

@@ -23,7 +23,7 @@ from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
 from octavo.worker.input_batch import InputBatch
 from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle
-from octavo.worker.transfer import to_device, to_host_async
+from octavo.worker.transfer import DeviceTransfer
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,8 @@ class ModelRunner:
         self.platform = platform
         mc = config.model_config
         self.device = platform.device(local_rank)
-        if self.device.type == "cpu":  # pin the compute threads (OCTAVO_CPU_THREADS_BIND)
-            from octavo.worker.cpu_threads import setup_cpu_threads
-
-            self.cpu_threads = setup_cpu_threads(local_rank, config.parallel_config.tensor_parallel_size)
+        self.transfer = DeviceTransfer(platform, self.device)
+        self.worker_setup = platform.setup_worker(local_rank, config.parallel_config.tensor_parallel_size)
         self.num_kv_heads_local = mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         self.dtype = mc.dtype
         self.block_size = config.cache_config.block_size
@@ -62,6 +60,7 @@ class ModelRunner:
 
     # -- setup ----------------------------------------------------------------------------
     def load_model(self) -> None:
+        from octavo.models.layers import bind_fused_ops
         from octavo.models.loader import init_dummy_weights, load_weights
         from octavo.models.registry import resolve_architecture
 
@@ -79,6 +78,7 @@ class ModelRunner:
             init_dummy_weights(model, seed=mc.seed)
         else:
             load_weights(model, mc.model)
+        bind_fused_ops(model, self.platform.fused_op_kernels)
         self.model = model.eval()
         self.load_seconds = time.perf_counter() - t0
 
@@ -95,12 +95,12 @@ class ModelRunner:
         cc = self.config.cache_config
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override
-        if self.device.type == "cpu":
-            budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
-        else:  # measure activations and the graph pool with dummy forwards
+        if self.platform.supports_memory_profiling():  # measure activations and the graph pool
             from octavo.worker.memory_profile import profile_kv_cache_budget
 
             budget = profile_kv_cache_budget(self)
+        else:
+            budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
         num = budget // self.kv_bytes_per_block()
         # More blocks than every sequence at full length (x4 for the prefix cache) buy nothing.
         sc = self.config.scheduler_config
@@ -212,11 +212,11 @@ class ModelRunner:
         if fixup is None:
             return
         dst, src = fixup
-        values = self._pending().device[to_device(src, self.device)]
-        input_ids.index_copy_(0, to_device(dst, self.device), values.to(input_ids.dtype))
+        values = self._pending().device[self.transfer.to_device(src)]
+        input_ids.index_copy_(0, self.transfer.to_device(dst), values.to(input_ids.dtype))
 
     def _sampling_metadata(self, rows: np.ndarray, vocab_size: int, num_pending: np.ndarray) -> SamplingMetadata:
-        return self.input_batch.make_sampling_metadata(rows, vocab_size, self.device, num_pending)
+        return self.input_batch.make_sampling_metadata(rows, vocab_size, self.transfer, num_pending)
 
     @staticmethod
     def _logprobs_lists(
@@ -325,11 +325,11 @@ class ModelRunner:
         lp_host = num_lp = None
         if out is not None and out.logprobs is not None:
             lp = out.logprobs
-            lp_host = LogprobsTensors(to_host_async(lp.token_ids), to_host_async(lp.logprobs),
-                                      to_host_async(lp.sampled_ranks))
+            host = self.transfer.to_host_async
+            lp_host = LogprobsTensors(host(lp.token_ids), host(lp.logprobs), host(lp.sampled_ranks))
             num_lp = self.input_batch.num_logprobs[sample_rows].copy()
-        sampled_host = to_host_async(sampled_t)
-        event = self.platform.new_event() if self.device.type != "cpu" else None
+        sampled_host = self.transfer.to_host_async(sampled_t)
+        event = self.platform.new_event()  # None where device work is synchronous
         if event is not None:
             event.record()
         sampled = SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
