@@ -166,6 +166,11 @@ class SamplingParams:
         )
 
     @property
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """Token-id sequences of ``bad_words`` (filled in by the input processor)."""
+        return self._bad_words_token_ids
+
+    @property
     def all_stop_token_ids(self) -> set[int]:
         return set(self.stop_token_ids)
 
