@@ -16,10 +16,6 @@ def _str(name: str, default: str | None) -> Callable[[], str | None]:
     return lambda: os.environ.get(name, default)
 
 
-def _int(name: str, default: int) -> Callable[[], int]:
-    return lambda: int(os.environ.get(name, str(default)))
-
-
 def _float(name: str, default: float) -> Callable[[], float]:
     return lambda: float(os.environ.get(name, str(default)))
 

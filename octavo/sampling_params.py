@@ -170,10 +170,6 @@ class SamplingParams:
         """Token-id sequences of ``bad_words`` (filled in by the input processor)."""
         return self._bad_words_token_ids
 
-    @property
-    def all_stop_token_ids(self) -> set[int]:
-        return set(self.stop_token_ids)
-
     def clone(self) -> SamplingParams:
         import copy
 

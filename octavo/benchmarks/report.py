@@ -28,9 +28,6 @@ from typing import Any
 
 import numpy as np
 
-# Metrics where a larger value is better; everything else (latencies, times) is lower-better.
-HIGHER_IS_BETTER = ("_per_s", "tok_s", "req_s", "throughput", "goodput", "completed")
-
 
 def percentiles(values: Sequence[float], prefix: str, scale: float = 1.0) -> dict[str, float]:
     """mean / median / p90 / p99 / min / max of ``values`` times ``scale``, keys ``{prefix}_*``."""

@@ -47,10 +47,6 @@ class SchedulerOutput:
         default_factory=dict, repr=False, compare=False, metadata={"wire": False}
     )
 
-    @property
-    def is_empty(self) -> bool:
-        return self.total_num_scheduled_tokens == 0
-
 
 @dataclass
 class ModelRunnerOutput:

@@ -13,8 +13,6 @@ from octavo.platforms.interface import Platform
 
 GiB = 1 << 30
 
-CPU_ISAS = ("avx512", "avx2", "neon", "scalar")
-
 
 class CpuPlatform(Platform):
     name = "cpu"
