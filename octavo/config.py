@@ -70,7 +70,8 @@ class CacheConfig:
     kv_cache_dtype: str = "auto"
     # Host memory for the KV cache on platforms without device memory (CPU), in bytes.
     cpu_kvcache_space_bytes: int | None = None
-    prefix_hash: str = "builtin"
+    # Block hash of the prefix cache (octavo/core/block_hash.py): sha256 or xxhash.
+    prefix_caching_hash_algo: str = "sha256"
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,6 @@ def _str(name: str, default: str | None) -> Callable[[], str | None]:
     return lambda: os.environ.get(name, default)
 
 
-def _int(name: str, default: int) -> Callable[[], int]:
-    return lambda: int(os.environ.get(name, str(default)))
-
-
 def _float(name: str, default: float) -> Callable[[], float]:
     return lambda: float(os.environ.get(name, str(default)))
 
@@ -55,10 +51,6 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "OCTAVO_CPU_THREADS_BIND": (
         _str("OCTAVO_CPU_THREADS_BIND", "auto"),
         "CPU compute-thread placement: auto (one per physical core), a core list like 0-3, or none.",
-    ),
-    "OCTAVO_PREFIX_HASH": (
-        _str("OCTAVO_PREFIX_HASH", "builtin"),
-        "Block hash for prefix caching: builtin (fast) or sha256 (collision resistant).",
     ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),

@@ -166,8 +166,9 @@ class SamplingParams:
         )
 
     @property
-    def all_stop_token_ids(self) -> set[int]:
-        return set(self.stop_token_ids)
+    def bad_words_token_ids(self) -> list[list[int]]:
+        """Token-id sequences of ``bad_words`` (filled in by the input processor)."""
+        return self._bad_words_token_ids
 
     def clone(self) -> SamplingParams:
         import copy

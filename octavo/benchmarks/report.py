@@ -28,9 +28,6 @@ from typing import Any
 
 import numpy as np
 
-# Metrics where a larger value is better; everything else (latencies, times) is lower-better.
-HIGHER_IS_BETTER = ("_per_s", "tok_s", "req_s", "throughput", "goodput", "completed")
-
 
 def percentiles(values: Sequence[float], prefix: str, scale: float = 1.0) -> dict[str, float]:
     """mean / median / p90 / p99 / min / max of ``values`` times ``scale``, keys ``{prefix}_*``."""
@@ -100,7 +97,7 @@ def collect_environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
         env["platform"] = current_platform.name
         env["device"] = current_platform.get_device_name()
-        if current_platform.device_type != "cpu":
+        if not current_platform.device_is_host():
             env["gpu"] = env["device"]
             env["gpu_count"] = current_platform.device_count()
     except Exception as e:  # noqa: BLE001 - a report must still be written

@@ -79,23 +79,19 @@ class FreeBlockQueue:
             yield b
             b = b.next_free_block
 
-    def get_all_free_blocks(self) -> list[KVCacheBlock]:
-        return list(self)
-
 
 class BlockPool:
     """Owns every block. Block 0 is the null block: never allocated, used for padding."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
             raise ValueError(f"the KV cache needs at least 2 blocks, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
         self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
         self.null_block = self.free_block_queue.popleft()
-        # Prefix-cache statistics (queries and hits are counted in tokens).
+        # Cached blocks whose hash was dropped to reuse them (prefix-cache evictions).
         self.num_evictions = 0
 
     # -- lookup -------------------------------------------------------------------------

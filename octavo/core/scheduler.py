@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from octavo.core.kv_cache_manager import KVCacheManager
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
@@ -54,6 +55,31 @@ from octavo.core.scheduler_output import (
 
 logger = logging.getLogger(__name__)
 
+
+
+@dataclass
+class _StepPlan:
+    """What one ``schedule`` call has handed out so far."""
+
+    budget: int
+    num_scheduled: dict[str, int] = field(default_factory=dict)
+    # Running requests scheduled this step -> their newly allocated block ids (insertion
+    # order = scheduling order); admitted requests are not in it (they go out in full).
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+
+    def schedule(self, req_id: str, n: int, new_block_ids: list[int] | None) -> None:
+        self.num_scheduled[req_id] = n
+        if new_block_ids is not None:
+            self.new_block_ids[req_id] = new_block_ids
+        self.budget -= n
+
+    def unschedule(self, req_id: str) -> None:
+        """Undo this step's scheduling of a request that is being preempted."""
+        if req_id in self.num_scheduled:
+            self.budget += self.num_scheduled.pop(req_id)
+            self.new_block_ids.pop(req_id, None)
 
 class Scheduler:
     def __init__(
@@ -195,75 +221,71 @@ class Scheduler:
         )
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.max_num_batched_tokens
-        num_scheduled: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
-        preempted: list[Request] = []
-        kv = self.kv_cache_manager
+        """One step's plan under the token budget (the module docstring gives the rules)."""
+        plan = _StepPlan(budget=self.max_num_batched_tokens)
+        self._schedule_running(plan)
+        if not plan.preempted:  # waiting requests only in steps that preempted nothing
+            self._schedule_waiting(plan)
+        out = self._make_output(plan)
+        self._finished_req_ids = set()
+        self._advance(plan.num_scheduled)
+        return out
 
-        # 1) running requests, in order.
+    def _schedule_running(self, plan: _StepPlan) -> None:
+        """Running requests in order; preempt by recompute when one cannot get blocks."""
+        kv = self.kv_cache_manager
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
-            n = self._clip(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, budget)
+            n = self._clip(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, plan.budget)
             if n <= 0 or (req.num_output_placeholders and self._at_length_limit(req)):
                 i += 1
                 continue
-            new_blocks = None
-            while True:
-                new_blocks = kv.allocate_slots(req, n)
-                if new_blocks is not None:
-                    break
+            new_blocks = kv.allocate_slots(req, n)
+            while new_blocks is None:
                 victim = self._pick_victim()
-                victim_index = self.running.index(victim)
-                if victim.request_id in num_scheduled:
-                    # Undo this step's scheduling of the victim.
-                    budget += num_scheduled.pop(victim.request_id)
-                    new_block_ids.pop(victim.request_id, None)
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim_index < i:
+                if self.running.index(victim) < i:
                     i -= 1
+                plan.unschedule(victim.request_id)
+                self._preempt(victim)
+                plan.preempted.append(victim)
                 if victim is req:
-                    break
-            if new_blocks is None:
-                break
-            num_scheduled[req.request_id] = n
-            new_block_ids[req.request_id] = [b.block_id for b in new_blocks]
-            budget -= n
+                    return  # the pass over running stops at a request that preempted itself
+                new_blocks = kv.allocate_slots(req, n)
+            plan.schedule(req.request_id, n, [b.block_id for b in new_blocks])
             i += 1
 
-        # 2) waiting requests, only when nothing was preempted.
-        admitted: list[Request] = []
+    def _schedule_waiting(self, plan: _StepPlan) -> None:
+        """Admit waiting requests head-first: prefix-cache lookup, then a chunk."""
+        kv = self.kv_cache_manager
         held: list[Request] = []
-        if not preempted:
-            while len(self.waiting) > 0 and budget > 0 and len(self.running) < self.max_num_seqs:
-                req = self.waiting.peek()
-                if self._held_back(req):
-                    held.append(self.waiting.pop())
-                    continue
-                hits, num_hit = kv.get_computed_blocks(req)
-                n = req.num_tokens - num_hit
-                if self.enable_chunked_prefill:
-                    n = self._clip(n, budget)
-                elif n > budget:
-                    break  # without chunked prefill a prompt is scheduled whole
-                new_blocks = kv.allocate_slots(req, n, hits, num_hit)
-                if new_blocks is None:
-                    break
-                self.waiting.pop()
-                kv.record_prefix_cache_query(req, num_hit)
-                req.status = RequestStatus.RUNNING
-                req.num_computed_tokens = num_hit
-                req.num_cached_tokens = num_hit
-                self.running.append(req)
-                admitted.append(req)
-                num_scheduled[req.request_id] = n
-                budget -= n
+        while len(self.waiting) > 0 and plan.budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting.peek()
+            if self._held_back(req):
+                held.append(self.waiting.pop())
+                continue
+            hits, num_hit = kv.get_computed_blocks(req)
+            n = req.num_tokens - num_hit
+            if self.enable_chunked_prefill:
+                n = self._clip(n, plan.budget)
+            elif n > plan.budget:
+                break  # without chunked prefill a prompt is scheduled whole
+            if kv.allocate_slots(req, n, hits, num_hit) is None:
+                break
+            self.waiting.pop()
+            kv.record_prefix_cache_query(req, num_hit)
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            req.num_cached_tokens = num_hit
+            self.running.append(req)
+            plan.admitted.append(req)
+            plan.schedule(req.request_id, n, None)
         for req in reversed(held):
             self.waiting.prepend(req)
 
-        admitted_ids = {r.request_id for r in admitted}
+    def _make_output(self, plan: _StepPlan) -> SchedulerOutput:
+        """New requests in full, running ones as deltas (before the step's state update)."""
+        kv = self.kv_cache_manager
         new_reqs = [
             NewRequestData(
                 req_id=r.request_id,
@@ -274,35 +296,34 @@ class Scheduler:
                 num_computed_tokens=r.num_computed_tokens,
                 eos_token_id=r.eos_token_id,
             )
-            for r in admitted
+            for r in plan.admitted
         ]
         cached_reqs = [
             CachedRequestData(
                 req_id=rid,
-                new_block_ids=new_block_ids[rid],
+                new_block_ids=block_ids,
                 num_computed_tokens=self.requests[rid].num_computed_tokens,
             )
-            for rid in num_scheduled
-            if rid not in admitted_ids
+            for rid, block_ids in plan.new_block_ids.items()
         ]
-        out = SchedulerOutput(
+        return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
             scheduled_cached_reqs=cached_reqs,
-            num_scheduled_tokens=num_scheduled,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            num_scheduled_tokens=plan.num_scheduled,
+            total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=self._finished_req_ids,
-            preempted_req_ids={r.request_id for r in preempted},
+            preempted_req_ids={r.request_id for r in plan.preempted},
+            scheduled_requests={rid: self.requests[rid] for rid in plan.num_scheduled},
         )
-        self._finished_req_ids = set()
-        scheduled = {}
+
+    def _advance(self, num_scheduled: dict[str, int]) -> None:
+        """The step's state update: computed counts move on; a step that reaches the end of
+        the known tokens samples the next one (an output placeholder until its value is in)."""
         for rid, n in num_scheduled.items():
             req = self.requests[rid]
             req.num_computed_tokens += n
             if req.num_computed_tokens == req.num_tokens + req.num_output_placeholders:
-                req.num_output_placeholders += 1  # this step samples the next token
-            scheduled[rid] = req
-        out.scheduled_requests = scheduled
-        return out
+                req.num_output_placeholders += 1
 
     # -- after the model ran --------------------------------------------------------------
     def _check_stop(self, req: Request) -> bool:

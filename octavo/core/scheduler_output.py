@@ -41,13 +41,11 @@ class SchedulerOutput:
     # Requests the runner should forget (finished, aborted or preempted since the last step).
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
-    # Engine side only, never serialized: the Request object each scheduled id named, so a
-    # late result is never applied to a newer request that reuses the id.
-    scheduled_requests: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    @property
-    def is_empty(self) -> bool:
-        return self.total_num_scheduled_tokens == 0
+    # Engine side only, never serialized (``wire=False``): the Request object each scheduled id
+    # named, so a late result is never applied to a newer request that reuses the id.
+    scheduled_requests: dict = field(
+        default_factory=dict, repr=False, compare=False, metadata={"wire": False}
+    )
 
 
 @dataclass

@@ -54,14 +54,6 @@ def get_tp() -> Communicator:
     return _TP
 
 
-def get_tp_rank() -> int:
-    return _TP.rank
-
-
-def get_tp_world_size() -> int:
-    return _TP.world_size
-
-
 def destroy_distributed() -> None:
     global _TP
     if dist.is_initialized():

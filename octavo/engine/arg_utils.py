@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from octavo import envs
 from octavo.config import (
     CacheConfig,
     DeviceConfig,
@@ -26,6 +25,7 @@ from octavo.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from octavo.core.block_hash import HASH_ALGOS, get_hash_function
 from octavo.engine.model_files import (
     flag,
     load_hf_config,
@@ -70,6 +70,7 @@ class EngineArgs:
     load_format: str = "auto"
     block_size: int | None = None
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
     num_gpu_blocks_override: int | None = None
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
@@ -103,6 +104,7 @@ class EngineArgs:
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", "in (0, 1]", self.gpu_memory_utilization)
         if self.max_num_batched_tokens is not None:
             _check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1", self.max_num_batched_tokens)
+        get_hash_function(self.prefix_caching_hash_algo)  # an unknown name or a missing package
         _check(self.max_num_seqs >= 1, "max_num_seqs", ">= 1", self.max_num_seqs)
         _check(self.scheduling_policy in ("fcfs", "priority"), "scheduling_policy", "fcfs or priority", self.scheduling_policy)
         _check(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold", ">= 0", self.long_prefill_token_threshold)
@@ -202,7 +204,7 @@ class EngineArgs:
             num_gpu_blocks_override=self.num_gpu_blocks_override,
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_dtype=self.kv_cache_dtype,
-            prefix_hash=envs.OCTAVO_PREFIX_HASH,
+            prefix_caching_hash_algo=self.prefix_caching_hash_algo,
         )
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
@@ -214,7 +216,7 @@ class EngineArgs:
             _check(batched >= max_model_len, "max_num_batched_tokens", f">= max_model_len ({max_model_len}) without chunked prefill", batched)
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
-            async_scheduling = current_platform.device_type != "cpu" and self.tensor_parallel_size == 1
+            async_scheduling = not current_platform.device_is_host() and self.tensor_parallel_size == 1
         return SchedulerConfig(
             max_num_batched_tokens=batched,
             max_num_seqs=self.max_num_seqs,
@@ -239,6 +241,11 @@ class EngineArgs:
         parser.add_argument("--load-format", default=d.load_format, choices=["auto", "safetensors", "dummy"])
         parser.add_argument("--block-size", type=int, default=None)
         parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+        parser.add_argument(
+            "--prefix-caching-hash-algo", default=d.prefix_caching_hash_algo, choices=list(HASH_ALGOS),
+            help="Block hash of the prefix cache: sha256 (cryptographic) or xxhash (faster, keyed "
+            "128-bit; needs the xxhash package).",
+        )
         parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
         parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
         parser.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype)

@@ -29,7 +29,6 @@ class IncrementalDetokenizer:
         self.token_ids: list[int] = []
         self._sent = 0  # characters already returned by get_delta
         self._stream = None
-        self._decoded_upto = 0
         backend = getattr(tokenizer, "_tokenizer", None) or getattr(tokenizer, "backend_tokenizer", None)
         if params.detokenize and backend is not None:
             from tokenizers.decoders import DecodeStream

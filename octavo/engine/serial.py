@@ -1,13 +1,17 @@
-"""msgpack encoding of what crosses the API process <-> engine core process boundary.
+"""The one msgpack codec of everything that crosses a process boundary (no pickle anywhere).
 
-No pickle on any socket: every message is a msgpack array ``[kind, payload]`` of plain
-values. Dataclasses (``SamplingParams``, ``EngineCoreOutput``, ``SchedulerStats``) travel as
-dicts of their init fields, so a field added to them travels without a change here as long
-as its value is plain data (numbers, strings, lists, dicts, None).
+Two boundaries use it: API process <-> engine core process (ZeroMQ) and executor driver <->
+worker processes or Ray actors (pipes). A message is a msgpack array ``[kind, payload]`` of
+plain values (``pack``/``unpack``); ``encode``/``decode`` do single values. Dataclasses travel
+as dicts of their *wire fields*: the init fields, minus those marked
+``field(metadata={"wire": False})`` (engine-side references such as
+``SchedulerOutput.scheduled_requests``), so a field added to them travels without a change here
+as long as its value is plain data (numbers, strings, lists, dicts, None).
 
-Kinds, API -> core: ``add`` (a request), ``abort`` (request ids), ``shutdown``.
+Engine kinds, API -> core: ``add`` (a request), ``abort`` (request ids), ``shutdown``.
 Core -> API: ``ready`` (engine facts), ``outputs`` (EngineCoreOutputs + SchedulerStats),
-``dead`` (the engine loop failed; the process exits right after).
+``dead`` (the engine loop failed; the process exits right after). Worker kinds: a method name
+with its argument, answered by ``ok`` (the result) or ``error`` (the traceback text).
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ import msgpack
 
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request
+from octavo.core.scheduler_output import (
+    CachedRequestData,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from octavo.sampling_params import SamplingParams
 
 ADD = "add"
@@ -43,22 +53,37 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot msgpack-encode {type(obj).__name__}")
 
 
+def encode(obj: Any) -> bytes:
+    return msgpack.packb(obj, default=_default, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
 def pack(kind: str, payload: Any = None) -> bytes:
-    return msgpack.packb([kind, payload], default=_default, use_bin_type=True)
+    return encode([kind, payload])
 
 
 def unpack(data: bytes) -> tuple[str, Any]:
-    kind, payload = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    kind, payload = decode(data)
     return kind, payload
 
 
-def _init_fields(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
+def wire_fields(obj: Any) -> dict[str, Any]:
+    """The dataclass fields that travel: init fields not marked ``metadata={"wire": False}``."""
+    return {
+        f.name: getattr(obj, f.name)
+        for f in dataclasses.fields(obj)
+        if f.init and f.metadata.get("wire", True)
+    }
+
+
 
 
 # -- SamplingParams / Request -----------------------------------------------------------------
 def encode_sampling_params(params: SamplingParams) -> dict[str, Any]:
-    return _init_fields(params)
+    return wire_fields(params)
 
 
 def decode_sampling_params(d: dict[str, Any]) -> SamplingParams:
@@ -90,7 +115,7 @@ def decode_request(d: dict[str, Any]) -> Request:
 
 # -- EngineCoreOutput / SchedulerStats -----------------------------------------------------
 def encode_output(o: EngineCoreOutput) -> dict[str, Any]:
-    return _init_fields(o)
+    return wire_fields(o)
 
 
 def decode_output(d: dict[str, Any]) -> EngineCoreOutput:
@@ -98,8 +123,55 @@ def decode_output(d: dict[str, Any]) -> EngineCoreOutput:
 
 
 def encode_stats(s: SchedulerStats | None) -> dict[str, Any] | None:
-    return None if s is None else _init_fields(s)
+    return None if s is None else wire_fields(s)
 
 
 def decode_stats(d: dict[str, Any] | None) -> SchedulerStats | None:
     return None if d is None else SchedulerStats(**d)
+
+
+# -- SchedulerOutput / ModelRunnerOutput (driver <-> workers) -------------------------------
+def encode_scheduler_output(so: SchedulerOutput) -> dict[str, Any]:
+    d = wire_fields(so)
+    d["scheduled_new_reqs"] = [
+        {**wire_fields(r), "sampling_params": encode_sampling_params(r.sampling_params)}
+        for r in so.scheduled_new_reqs
+    ]
+    d["scheduled_cached_reqs"] = [wire_fields(r) for r in so.scheduled_cached_reqs]
+    return d
+
+
+def decode_scheduler_output(d: dict[str, Any]) -> SchedulerOutput:
+    """Rebuilds ``SamplingParams`` through its constructor, which re-validates them."""
+    d = dict(d)
+    d["scheduled_new_reqs"] = [
+        NewRequestData(**{**r, "sampling_params": decode_sampling_params(r["sampling_params"])})
+        for r in d["scheduled_new_reqs"]
+    ]
+    d["scheduled_cached_reqs"] = [CachedRequestData(**r) for r in d["scheduled_cached_reqs"]]
+    d["finished_req_ids"] = set(d["finished_req_ids"])
+    d["preempted_req_ids"] = set(d["preempted_req_ids"])
+    return SchedulerOutput(**d)
+
+
+def _tuple_pairs(x: Any) -> Any:
+    """msgpack turns (logprob, rank) pairs into lists; turn every numeric pair back."""
+    if isinstance(x, dict):
+        return {k: _tuple_pairs(v) for k, v in x.items()}
+    if isinstance(x, list):
+        if len(x) == 2 and all(isinstance(v, (int, float)) for v in x):
+            return tuple(x)
+        return [_tuple_pairs(v) for v in x]
+    return x
+
+
+def encode_runner_output(out: ModelRunnerOutput) -> dict[str, Any]:
+    return wire_fields(out)
+
+
+def decode_runner_output(d: dict[str, Any]) -> ModelRunnerOutput:
+    d = dict(d)
+    for key in ("logprobs", "prompt_logprobs"):
+        if d.get(key) is not None:
+            d[key] = _tuple_pairs(d[key])
+    return ModelRunnerOutput(**d)

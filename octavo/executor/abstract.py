@@ -55,7 +55,7 @@ class DistributedExecutor(Executor):
         self._call("initialize_kv_cache", num_blocks)
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        from octavo.executor import messages
+        from octavo.engine import serial
 
-        out = self._call("execute_model", messages.encode_scheduler_output(so))[0]
-        return messages.decode_runner_output(out)
+        out = self._call("execute_model", serial.encode_scheduler_output(so))[0]
+        return serial.decode_runner_output(out)

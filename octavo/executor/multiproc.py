@@ -16,6 +16,7 @@ import traceback
 from multiprocessing.connection import Connection, wait
 
 from octavo.config import OctavoConfig
+from octavo.engine import serial
 from octavo.executor import messages
 from octavo.executor.abstract import DistributedExecutor, WorkerDiedError
 
@@ -40,24 +41,24 @@ def _worker_main(config_args: dict, rank: int, init_method: str, conn: Connectio
         configure_logging()
         config = EngineArgs(**config_args).create_engine_config()
         worker = Worker(config, rank=rank, local_rank=rank, init_method=init_method)
-        conn.send_bytes(messages.pack(["ok", worker.info()]))
+        conn.send_bytes(serial.pack("ok", worker.info()))
     except BaseException as e:  # report, then exit: the driver raises
-        conn.send_bytes(messages.pack(["error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]))
+        conn.send_bytes(serial.pack("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         return
     while True:
         try:
-            method, arg = messages.unpack(conn.recv_bytes())
+            method, arg = serial.unpack(conn.recv_bytes())
         except EOFError:
             return
         try:
             if method == "shutdown":
                 worker.shutdown()
-                conn.send_bytes(messages.pack(["ok", None]))
+                conn.send_bytes(serial.pack("ok", None))
                 return
             result = messages.handle_call(worker, method, arg)
-            conn.send_bytes(messages.pack(["ok", result]))
+            conn.send_bytes(serial.pack("ok", result))
         except BaseException as e:
-            conn.send_bytes(messages.pack(["error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"]))
+            conn.send_bytes(serial.pack("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
 
 
 def engine_args_dict(config: OctavoConfig) -> dict:
@@ -114,7 +115,7 @@ class MultiprocExecutor(DistributedExecutor):
                     continue
                 rank = next(r for r, c in pending.items() if c is obj)
                 try:
-                    status, value = messages.unpack(obj.recv_bytes())
+                    status, value = serial.unpack(obj.recv_bytes())
                 except (EOFError, OSError):
                     self._fail(f"tensor-parallel worker {rank} closed its pipe{self._dead_workers()}")
                 if status == "error":
@@ -138,7 +139,7 @@ class MultiprocExecutor(DistributedExecutor):
         raise WorkerDiedError(msg)
 
     def _call(self, method: str, arg=None) -> list:
-        data = messages.pack([method, arg])
+        data = serial.pack(method, arg)
         for rank, c in enumerate(self.conns):
             try:
                 c.send_bytes(data)
@@ -157,7 +158,7 @@ class MultiprocExecutor(DistributedExecutor):
             for c, p in zip(self.conns, procs, strict=False):
                 if p.is_alive():
                     try:
-                        c.send_bytes(messages.pack(["shutdown", None]))
+                        c.send_bytes(serial.pack("shutdown", None))
                     except OSError:
                         pass
         for p in procs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from octavo.config import OctavoConfig
+from octavo.engine import serial
 from octavo.executor import messages
 from octavo.executor.abstract import DistributedExecutor, WorkerDiedError
 from octavo.executor.multiproc import _free_port, engine_args_dict
@@ -29,8 +30,8 @@ class _RayWorker:
         self.worker = Worker(config, rank=rank, local_rank=0, init_method=init_method)
 
     def call(self, data: bytes) -> bytes:
-        method, arg = messages.unpack(data)
-        return messages.pack(messages.handle_call(self.worker, method, arg))
+        method, arg = serial.unpack(data)
+        return serial.encode(messages.handle_call(self.worker, method, arg))
 
 
 class RayExecutor(DistributedExecutor):
@@ -49,7 +50,7 @@ class RayExecutor(DistributedExecutor):
         if not ray.is_initialized():
             ray.init(ignore_reinit_error=True, include_dashboard=False, log_to_driver=False)
         world = config.parallel_config.tensor_parallel_size
-        on_gpu = current_platform.device_type != "cpu"
+        on_gpu = not current_platform.device_is_host()
         bundle = {"GPU": 1, "CPU": 1} if on_gpu else {"CPU": 1}
         self.pg = placement_group([bundle] * world, strategy="PACK")
         ray.get(self.pg.ready(), timeout=120)
@@ -71,10 +72,10 @@ class RayExecutor(DistributedExecutor):
         self.load_seconds = max(i["load_seconds"] for i in infos)
 
     def _call(self, method: str, arg=None) -> list:
-        data = messages.pack([method, arg])
+        data = serial.pack(method, arg)
         refs = [a.call.remote(data) for a in self.actors]
         try:
-            return [messages.unpack(b) for b in self.ray.get(refs)]
+            return [serial.decode(b) for b in self.ray.get(refs)]
         except self.ray.exceptions.RayActorError as e:
             self.shutdown()
             raise WorkerDiedError(f"a Ray tensor-parallel worker died: {e}") from e

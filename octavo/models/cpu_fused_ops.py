@@ -4,7 +4,8 @@ One C++ call each (octavo's CPU extension, the ISA variant ``octavo.cpu_isa`` pi
 eager torch dispatches 3 to 14 ops; at decode batch sizes that per-op overhead, not the
 arithmetic, is what these ops cost. Each rounds to the model dtype exactly where the eager op in
 ``layers.py`` rounds, so bf16/fp16 results match eager torch up to fp32 reduction order and the
-last bit of ``exp``. ``layers.py`` calls these for CPU tensors when the extension is available;
+last bit of ``exp``. ``layers.py`` calls these for models the CPU platform bound them to (when the extension is
+built);
 set ``ENABLED = False`` to compare against eager.
 Same API as ``octavo.models.fused_ops`` (the GPU versions).
 """
@@ -31,7 +32,6 @@ def usable(x: torch.Tensor) -> bool:
     return (
         ENABLED
         and x.dtype in _HALF
-        and x.device.type == "cpu"
         and not (x.requires_grad and torch.is_grad_enabled())
     )
 

@@ -2,8 +2,8 @@
 
 Each is one Triton launch where eager torch takes several, and each rounds exactly where the
 eager op in ``layers.py`` rounds (to the model dtype between the same steps), so bf16/fp16
-results match eager torch up to float32 reduction order. ``layers.py`` calls these only for
-CUDA/ROCm tensors when triton imports; CPU runs (and the fp32 HF-equivalence tests) keep the
+results match eager torch up to float32 reduction order. ``layers.py`` calls these for
+models the CUDA/ROCm platforms bound them to, when triton imports; CPU runs (and the fp32 HF-equivalence tests) keep the
 plain torch path. Set ``ENABLED = False`` to compare against eager.
 """
 
@@ -17,7 +17,13 @@ ENABLED = True
 
 
 def usable(x: torch.Tensor) -> bool:
-    return ENABLED and x.is_cuda
+    """The platform bound these kernels to a CUDA/ROCm model at load (``layers.bind_fused_ops``)."""
+    return ENABLED
+
+
+def linear_usable(layer, x: torch.Tensor) -> bool:
+    """GPU linears stay on cuBLAS/hipBLAS (same API as ``cpu_fused_ops``)."""
+    return False
 
 
 @triton.jit

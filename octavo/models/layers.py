@@ -6,54 +6,59 @@ bit for bit wherever the underlying GEMMs do.
 
 from __future__ import annotations
 
+import importlib
+import logging
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-_FUSED = None
+FUSED_OPS_MODULES = {"triton": "octavo.models.fused_ops", "cpu": "octavo.models.cpu_fused_ops"}
+
+logger = logging.getLogger(__name__)
 
 
-def fused_ops():
-    """``octavo.models.fused_ops`` (Triton) for GPU tensors, or None where triton is missing."""
-    global _FUSED
-    if _FUSED is None:
-        try:
-            from octavo.models import fused_ops as mod
-        except ImportError:
-            mod = False
-        _FUSED = mod
-    return _FUSED or None
+def load_fused_ops(kind: str) -> ModuleType | None:
+    """The fused-kernel module of ``Platform.fused_op_kernels`` (None for "none", or when its
+    kernels are not importable here: triton missing, the C++ extension not built)."""
+    if kind == "none":
+        return None
+    if kind not in FUSED_OPS_MODULES:
+        raise ValueError(f"unknown fused op kernels {kind!r}; known: none, {', '.join(FUSED_OPS_MODULES)}")
+    try:
+        return importlib.import_module(FUSED_OPS_MODULES[kind])
+    except ImportError as e:
+        logger.info("fused %s kernels unavailable (%s); layers run eager torch", kind, e)
+        return None
 
 
-_CPU_FUSED = None
+def bind_fused_ops(model: nn.Module, kind: str) -> ModuleType | None:
+    """Choose the fused kernels once, when a model is loaded: every submodule gets ``fused_ops``.
+
+    Layers never inspect a tensor's device; a module that was never bound runs eager torch.
+    Each call still asks ``ops.usable(x)`` for what varies per call (dtype, autograd).
+    """
+    ops = load_fused_ops(kind)
+    for m in model.modules():
+        m.fused_ops = ops
+    return ops
 
 
-def cpu_fused_ops():
-    """``octavo.models.cpu_fused_ops`` (octavo's C++ CPU kernels), or None where not built."""
-    global _CPU_FUSED
-    if _CPU_FUSED is None:
-        try:
-            from octavo.models import cpu_fused_ops as mod
-        except ImportError:
-            mod = False
-        _CPU_FUSED = mod
-    return _CPU_FUSED or None
+def fused_ops_of(module: nn.Module) -> ModuleType | None:
+    return getattr(module, "fused_ops", None)
 
 
-def _use_fused(x: torch.Tensor):
-    if not x.is_cuda:
-        ops = cpu_fused_ops() if x.is_cpu else None
-        return ops if ops is not None and ops.usable(x) else None
-    ops = fused_ops()
+def _use_fused(ops: ModuleType | None, x: torch.Tensor) -> ModuleType | None:
     return ops if ops is not None and ops.usable(x) else None
 
 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` for a linear layer; on CPU through prepacked oneDNN weights where that applies."""
-    if x.is_cpu:
-        ops = cpu_fused_ops()
-        if ops is not None and ops.linear_usable(layer, x):
-            return ops.linear(layer, x)
+    """``layer(x)`` for a linear layer; through the bound kernels' prepacked weights where
+    they apply (oneDNN on the CPU)."""
+    ops = fused_ops_of(layer)
+    if ops is not None and ops.linear_usable(layer, x):
+        return ops.linear(layer, x)
     return layer(x)
 
 
@@ -65,7 +70,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``norm(x)``, or with ``residual``: ``(norm(x + residual), x + residual)``."""
-        ops = _use_fused(x)
+        ops = _use_fused(fused_ops_of(self), x)
         if ops is not None:
             return ops.rms_norm(x, self.weight, self.eps, residual)
         if residual is not None:
@@ -79,8 +84,9 @@ class RMSNorm(nn.Module):
         return out if residual is None else (out, residual)
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    ops = _use_fused(gate_up)
+def silu_and_mul(gate_up: torch.Tensor, ops: ModuleType | None = None) -> torch.Tensor:
+    """``silu(gate) * up``; ``ops``: the caller's bound fused kernels (``fused_ops_of``)."""
+    ops = _use_fused(ops, gate_up)
     if ops is not None:
         return ops.silu_and_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -150,7 +156,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """``q``: [T, H, D], ``k``: [T, Hk, D]; returns rotated copies."""
-        ops = _use_fused(q)
+        ops = _use_fused(fused_ops_of(self), q)
         if ops is not None:
             return ops.rope(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)

@@ -22,7 +22,7 @@ from octavo.distributed.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from octavo.models.layers import RMSNorm, RotaryEmbedding, cpu_fused_ops, linear, silu_and_mul
+from octavo.models.layers import RMSNorm, RotaryEmbedding, fused_ops_of, linear, silu_and_mul
 
 
 class Attention(nn.Module):
@@ -87,7 +87,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias)
 
     def forward(self, x):
-        return linear(self.down_proj, silu_and_mul(linear(self.gate_up_proj, x)))
+        return linear(self.down_proj, silu_and_mul(linear(self.gate_up_proj, x), fused_ops_of(self)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -156,10 +156,9 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on tensor-parallel rank 0, ``None`` on the other ranks."""
         head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
-        if hidden.is_cpu:  # prepacked oneDNN weights (single rank, bf16)
-            ops = cpu_fused_ops()
-            if ops is not None and ops.linear_usable(head, hidden):
-                return ops.linear(head, hidden)
+        ops = fused_ops_of(self)  # prepacked oneDNN weights on the CPU (single rank, bf16)
+        if ops is not None and ops.linear_usable(head, hidden):
+            return ops.linear(head, hidden)
         if self.tie_word_embeddings:
             return ParallelLMHead.compute_logits(head, hidden)  # same vocab partition
         return self.lm_head.compute_logits(hidden)

@@ -13,8 +13,6 @@ from octavo.platforms.interface import Platform
 
 GiB = 1 << 30
 
-CPU_ISAS = ("avx512", "avx2", "neon", "scalar")
-
 
 class CpuPlatform(Platform):
     name = "cpu"
@@ -27,6 +25,7 @@ class CpuPlatform(Platform):
     communicator_reason = "CPU: gloo over shared memory and TCP"
     dist_backend = "gloo"
     default_block_size = 16
+    fused_op_kernels = "cpu"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -60,6 +59,13 @@ class CpuPlatform(Platform):
         except (ImportError, ValueError) as e:
             isa, why = cpu_isa.best_isa()
             return isa, f"{why}; C++ kernels not in use: {e}"
+
+    @classmethod
+    def setup_worker(cls, local_rank: int, world_size: int):
+        """Pin this worker's compute threads (``OCTAVO_CPU_THREADS_BIND``); returns the plan."""
+        from octavo.platforms.cpu_threads import setup_cpu_threads
+
+        return setup_cpu_threads(local_rank, world_size)
 
     @classmethod
     def kv_cache_memory_bytes(cls, config, model_bytes: int, peak_bytes: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from octavo.platforms.interface import Platform
+from octavo.platforms.torch_device import TorchDevicePlatform
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,12 @@ def _probe_total_memory(device_id: int = 0) -> int:
     return torch.cuda.get_device_properties(device_id).total_memory
 
 
-class CudaLikePlatform(Platform):
+# Sizing of the CUDA/HIP graph memory pool (see ``CudaLikePlatform.graph_pool_bytes``).
+GRAPH_POOL_MARGIN = 1.1
+GRAPH_POOL_RESERVE = 64 << 20
+
+
+class CudaLikePlatform(TorchDevicePlatform):
     """Device operations shared by the platforms that drive GPUs through ``torch.cuda``.
 
     ROCm builds of torch expose HIP devices under the same ``torch.cuda`` API and the ``cuda``
@@ -101,9 +106,14 @@ class CudaLikePlatform(Platform):
     """
 
     device_type = "cuda"
+    fused_op_kernels = "triton"
     auto_casts_float32 = True
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128, 256)
     default_block_size = 16
+
+    @classmethod
+    def torch_module(cls):
+        return torch.cuda
 
     @classmethod
     def device_count(cls) -> int:
@@ -127,29 +137,11 @@ class CudaLikePlatform(Platform):
         return int(free), int(total)
 
     @classmethod
-    def set_device(cls, device: torch.device) -> None:
-        torch.cuda.set_device(device)
-
-    @classmethod
-    def synchronize(cls) -> None:
-        torch.cuda.synchronize()
-
-    @classmethod
-    def empty_cache(cls) -> None:
-        torch.cuda.empty_cache()
-
-    @classmethod
-    def manual_seed(cls, seed: int) -> None:
-        torch.manual_seed(seed)
-        torch.cuda.manual_seed_all(seed)  # queued until CUDA initialises
-
-    @classmethod
-    def is_pin_memory_available(cls) -> bool:
-        return True
-
-    @classmethod
-    def new_event(cls) -> torch.cuda.Event:
-        return torch.cuda.Event()
+    def graph_pool_bytes(cls, decode_peak_bytes: int) -> int:
+        """The graphs share one pool sized by the largest capture: its eager decode peak plus
+        ``GRAPH_POOL_MARGIN`` for the allocator's rounding and fragmentation inside the private
+        pool, plus ``GRAPH_POOL_RESERVE`` for cuBLAS workspaces and the graph objects."""
+        return int(decode_peak_bytes * GRAPH_POOL_MARGIN) + GRAPH_POOL_RESERVE
 
     @classmethod
     def new_graph(cls) -> torch.cuda.CUDAGraph:

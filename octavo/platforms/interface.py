@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PLATFORM_API_VERSION = "1.0"
+PLATFORM_API_VERSION = "1.1"
 """Major.minor of the platform interface. The major changes only when a member is removed or
-changes meaning; plugins built against another major are refused."""
+changes meaning; plugins built against another major are refused. 1.1 added
+``device_is_host``, ``setup_worker``, the peak-memory statistics, ``graph_pool_bytes`` and
+``fused_op_kernels`` (all with defaults, so 1.0 plugins keep working)."""
 
 GRAPH_CAPTURE_MODES = ("none", "torch_compile", "cuda_graph", "hip_graph", "xla_compile")
 
@@ -130,6 +132,10 @@ class Platform:
     communicator: ClassVar[str] = "gloo"
     communicator_reason: ClassVar[str] = "gloo over host memory"
     dist_backend: ClassVar[str] = "gloo"  # the torch.distributed backend name
+    # Which fused per-layer kernels (RMSNorm, SiLU-mul, RoPE) the models use on this platform,
+    # chosen once when a model is loaded: "triton" (octavo.models.fused_ops), "cpu" (octavo's
+    # C++ extension, octavo.models.cpu_fused_ops) or "none" (eager torch).
+    fused_op_kernels: ClassVar[str] = "none"
 
     # -- detection ----------------------------------------------------------------------
     @classmethod
@@ -208,6 +214,49 @@ class Platform:
     @classmethod
     def is_pin_memory_available(cls) -> bool:
         return False
+
+    @classmethod
+    def device_is_host(cls) -> bool:
+        """Whether this platform's tensors live in host memory (the CPU).
+
+        When True the runner uses its numpy inputs zero-copy (nothing is pinned or staged in
+        persistent device buffers) and device work has completed when a call returns.
+        """
+        return cls.device_type == "cpu"
+
+    @classmethod
+    def setup_worker(cls, local_rank: int, world_size: int) -> Any:
+        """Per-process setup before a worker loads its model (CPU: pin the compute threads).
+
+        Returns a description of what was set up (kept by the runner for ``octavo info`` and
+        tests), or None.
+        """
+        return None
+
+    # -- memory statistics (platforms that profile activation memory at startup) -------
+    @classmethod
+    def supports_memory_profiling(cls) -> bool:
+        """Whether the peak-memory statistics below work, so the KV cache budget can subtract
+        a measured activation peak; otherwise ``kv_cache_memory_bytes`` is asked with 0."""
+        return False
+
+    @classmethod
+    def memory_allocated(cls, device: torch.device) -> int:
+        raise NotImplementedError(f"{cls.name} keeps no allocator statistics")
+
+    @classmethod
+    def max_memory_allocated(cls, device: torch.device) -> int:
+        raise NotImplementedError(f"{cls.name} keeps no allocator statistics")
+
+    @classmethod
+    def reset_peak_memory_stats(cls, device: torch.device) -> None:
+        raise NotImplementedError(f"{cls.name} keeps no allocator statistics")
+
+    @classmethod
+    def graph_pool_bytes(cls, decode_peak_bytes: int) -> int:
+        """Memory the captured graphs' private pool will hold, from the activation peak of one
+        eager decode step at the largest captured batch size (0 where nothing is captured)."""
+        return 0
 
     @classmethod
     def inference_mode(cls) -> contextlib.AbstractContextManager:

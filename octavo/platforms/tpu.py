@@ -1,8 +1,10 @@
-"""Google TPUs through torch_xla: ragged paged attention, XLA compilation over shape buckets.
+"""Google TPUs through torch_xla: ragged paged attention, lazily compiled steps.
 
 torch_xla is optional (the ``[tpu]`` extra) and imported only here and in the ``xla`` backend.
-XLA compiles one program per input shape, so the model runner pads the flattened token count to
-one of a few buckets (``padded_num_tokens``) and every step replays an already-compiled graph.
+octavo captures no graphs on TPUs: torch_xla traces each step and XLA compiles the traced
+program, cached by shape. The runner does not pad steps to shape buckets, so every new
+(token count, batch size) pays one compilation; ``octavo info`` says so rather than claiming
+a bucketed ``xla_compile`` mode.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import torch
 
 from octavo.platforms.interface import Platform
 from octavo.utils import packages
-
-MIN_TOKEN_BUCKET = 16
 
 
 # -- probes (replaced by tests that simulate other machines) ----------------------------------
@@ -45,22 +45,6 @@ def _xm():
     return xm
 
 
-def token_buckets(max_num_batched_tokens: int) -> list[int]:
-    """Powers of two from ``MIN_TOKEN_BUCKET`` up to the first >= the token budget."""
-    buckets = [MIN_TOKEN_BUCKET]
-    while buckets[-1] < max_num_batched_tokens:
-        buckets.append(buckets[-1] * 2)
-    return buckets
-
-
-def padded_num_tokens(num_tokens: int, max_num_batched_tokens: int) -> int:
-    """The smallest bucket holding ``num_tokens`` (invariant: result >= num_tokens)."""
-    for b in token_buckets(max_num_batched_tokens):
-        if b >= num_tokens:
-            return b
-    raise ValueError(f"{num_tokens} tokens exceed the budget {max_num_batched_tokens}")
-
-
 class TpuPlatform(Platform):
     name = "tpu"
     device_type = "xla"
@@ -69,8 +53,11 @@ class TpuPlatform(Platform):
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128, 256)
     default_block_size = 16
     attn_backend_priority = ("xla", "torch_ref")
-    graph_capture = "xla_compile"
-    graph_capture_reason = "XLA compiles one graph per padded token bucket"
+    graph_capture = "none"
+    graph_capture_reason = (
+        "no captured graphs: torch_xla compiles each traced step lazily, once per new input "
+        "shape (steps are not padded to shape buckets)"
+    )
     communicator = "xla"
     communicator_reason = "XLA collectives over the TPU interconnect (ICI)"
     dist_backend = "xla"
@@ -127,10 +114,6 @@ class TpuPlatform(Platform):
     def manual_seed(cls, seed: int) -> None:
         torch.manual_seed(seed)
         _xm().set_rng_state(seed, cls.device())
-
-    @classmethod
-    def token_buckets(cls, max_num_batched_tokens: int) -> list[int]:
-        return token_buckets(max_num_batched_tokens)
 
     @classmethod
     def describe(cls) -> dict[str, str]:

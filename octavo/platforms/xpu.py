@@ -12,7 +12,8 @@ from typing import ClassVar
 
 import torch
 
-from octavo.platforms.interface import Choice, Platform
+from octavo.platforms.interface import Choice
+from octavo.platforms.torch_device import TorchDevicePlatform
 from octavo.utils import packages
 
 
@@ -38,7 +39,7 @@ def _probe_xccl_available() -> bool:
     return bool(getattr(dist, "is_xccl_available", lambda: False)())
 
 
-class XpuPlatform(Platform):
+class XpuPlatform(TorchDevicePlatform):
     name = "xpu"
     device_type = "xpu"
     auto_casts_float32 = True
@@ -51,6 +52,10 @@ class XpuPlatform(Platform):
     communicator = "xccl"
     communicator_reason = "torch's native XCCL process group"
     dist_backend = "xccl"
+
+    @classmethod
+    def torch_module(cls):
+        return torch.xpu
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -103,31 +108,6 @@ class XpuPlatform(Platform):
         index = torch.xpu.current_device() if device_id is None else device_id
         total = cls.get_device_total_memory(index)
         return total - torch.xpu.memory_reserved(index), total
-
-    @classmethod
-    def new_event(cls) -> torch.xpu.Event:
-        return torch.xpu.Event()
-
-    @classmethod
-    def set_device(cls, device: torch.device) -> None:
-        torch.xpu.set_device(device)
-
-    @classmethod
-    def synchronize(cls) -> None:
-        torch.xpu.synchronize()
-
-    @classmethod
-    def empty_cache(cls) -> None:
-        torch.xpu.empty_cache()
-
-    @classmethod
-    def manual_seed(cls, seed: int) -> None:
-        torch.manual_seed(seed)
-        torch.xpu.manual_seed_all(seed)
-
-    @classmethod
-    def is_pin_memory_available(cls) -> bool:
-        return True
 
     @classmethod
     def describe(cls) -> dict[str, str]:

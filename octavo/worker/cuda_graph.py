@@ -44,13 +44,14 @@ class StepBuffers:
 
     def __init__(
         self, max_tokens: int, max_reqs: int, max_blocks_per_req: int, block_size: int,
-        device: torch.device, pin_memory: bool,
+        device: torch.device, platform,
     ) -> None:
         self.max_tokens = max_tokens
         self.max_reqs = max_reqs
         self.width = max_blocks_per_req
         self.block_size = block_size
         self.device = device
+        pin_memory = bool(platform.is_pin_memory_available())
 
         def pair(n: int, dtype: torch.dtype):
             host = torch.zeros(n, dtype=dtype, pin_memory=pin_memory)
@@ -65,9 +66,7 @@ class StepBuffers:
         self.li_h, self.li_np, self.li = pair(max(max_reqs, max_tokens), torch.int64)
         # Recorded after each step's copies: the host mirrors are rewritten only once the
         # previous copies have left them (normally long done: a step ends with a read-back).
-        from octavo.platforms import current_platform
-
-        self._events = {k: current_platform.new_event() for k in ("inputs", "indices")}
+        self._events = {k: platform.new_event() for k in ("inputs", "indices")}
 
     def _host_free(self, which: str) -> None:
         ev = self._events[which]
@@ -191,15 +190,10 @@ class StepBuffers:
 
 def graph_mode(runner) -> tuple[str, str]:
     """(mode, reason): the graph capture this runner will use, ``none`` with the reason why not."""
-    config, platform = runner.config, runner.platform
-    if runner.device.type == "cpu":
-        return "none", "CPU"
-    if config.enforce_eager:
-        return "none", "--enforce-eager"
-    get = getattr(platform, "get_graph_capture", None)
-    mode = get(config).value if get is not None else platform.graph_capture
-    if mode not in GRAPH_MODES:
-        return "none", f"platform graph capture is {mode!r}"
+    choice = runner.platform.get_graph_capture(runner.config)  # --enforce-eager included
+    if choice.value not in GRAPH_MODES:
+        return "none", choice.reason
+    mode = choice.value
     if not getattr(runner.attn_backend, "supports_graph_capture", False):
         return "none", f"attention backend {runner.attn_backend.name} cannot be captured"
     return mode, "decode steps"
@@ -280,13 +274,12 @@ def maybe_capture(runner) -> GraphRunner | None:
 
 def make_step_buffers(runner) -> StepBuffers | None:
     """Persistent device inputs for accelerator runs (the CPU path keeps zero-copy numpy)."""
-    if runner.device.type == "cpu":
+    if runner.platform.device_is_host():
         return None
     sc = runner.config.scheduler_config
     max_reqs = sc.max_num_seqs
     max_tokens = max(sc.max_num_batched_tokens, max_reqs)
-    pin = bool(runner.platform.is_pin_memory_available())
     return StepBuffers(
         max_tokens, max_reqs, runner.input_batch.max_blocks_per_req, runner.block_size,
-        runner.device, pin,
+        runner.device, runner.platform,
     )

@@ -13,15 +13,18 @@ use ragged features: allowed tokens, logit bias, bad words, min_tokens, seeds).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from octavo.core.sampler import SamplingMetadata, bad_words_positions, token_seed
 from octavo.core.scheduler_output import NewRequestData
-from octavo.sampling_params import _SAMPLING_EPS, SamplingParams
-from octavo.worker.transfer import to_device
+from octavo.sampling_params import SamplingParams, SamplingType
+from octavo.worker.transfer import DeviceTransfer
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+ToDevice = Callable[[np.ndarray], torch.Tensor]
 
 
 class InputBatch:
@@ -92,7 +95,7 @@ class InputBatch:
         return row
 
     def _set_sampling_params(self, row: int, p: SamplingParams, eos_token_id: int | None) -> None:
-        greedy = p.temperature < _SAMPLING_EPS
+        greedy = p.sampling_type == SamplingType.GREEDY
         self.temperature[row] = 0.0 if greedy else p.temperature
         self.top_k[row] = max(p.top_k, 0)
         self.top_p[row] = p.top_p
@@ -117,7 +120,7 @@ class InputBatch:
             self.logit_bias[row] = (ids, vals)
         else:
             self.logit_bias[row] = None
-        self.bad_words[row] = p._bad_words_token_ids or None
+        self.bad_words[row] = p.bad_words_token_ids or None
         self.has_allowed[row] = self.allowed_token_ids[row] is not None
         self.has_bias[row] = self.logit_bias[row] is not None
         self.has_bad_words[row] = self.bad_words[row] is not None
@@ -157,94 +160,110 @@ class InputBatch:
 
     # -- sampling metadata ----------------------------------------------------------------
     def make_sampling_metadata(
-        self, rows: np.ndarray, vocab_size: int, device: torch.device, num_pending: np.ndarray | None = None
+        self, rows: np.ndarray, vocab_size: int, transfer: DeviceTransfer, num_pending: np.ndarray | None = None
     ) -> SamplingMetadata:
         """Metadata for sampling the next token of ``rows`` (in that order).
 
         ``num_pending[i]`` counts tokens of ``rows[i]`` sampled by a step still in flight (async
         scheduling): they count towards seeds and ``min_tokens``. Penalties and bad words need
         the tokens themselves, so the engine never overlaps steps for requests that use them.
+        Every optional field is None when no row of ``rows`` uses its feature.
         """
-
-        def dev(a: np.ndarray) -> torch.Tensor:
-            return to_device(a, device)
-
-        s = len(rows)
-        temps = self.temperature[rows]
+        dev = transfer.to_device
+        temps, top_k, top_p, min_p = (a[rows] for a in (self.temperature, self.top_k, self.top_p, self.min_p))
         greedy = temps == 0.0
-        top_k = self.top_k[rows]
-        top_p = self.top_p[rows]
-        min_p = self.min_p[rows]
         num_out = self.num_tokens[rows] - self.num_prompt_tokens[rows]
         if num_pending is not None:
             num_out = num_out + num_pending
-
-        generators: dict[int, torch.Generator] = {}
-        for i in np.nonzero(self.has_seed[rows])[0].tolist():
-            g = torch.Generator(device=device)
-            g.manual_seed(token_seed(int(self.seed[rows[i]]), int(num_out[i])))
-            generators[i] = g
-
-        md = SamplingMetadata(
+        nlp = self.num_logprobs[rows]
+        return SamplingMetadata(
             temperature=dev(temps),
             all_greedy=bool(greedy.all()),
             all_random=not bool(greedy.any()),
             top_k=dev(top_k) if (top_k > 0).any() else None,
             top_p=dev(top_p) if (top_p < 1.0).any() else None,
             min_p=dev(min_p) if (min_p > 0.0).any() else None,
-            generators=generators,
+            generators=self._generators(rows, num_out, transfer.device),
+            allowed_token_ids_mask=self._allowed_mask(rows, vocab_size, dev),
+            bad_words_mask=self._bad_words_mask(rows, dev),
+            min_tokens_mask=self._min_tokens_mask(rows, num_out, dev),
+            logit_bias=self._logit_bias(rows, dev),
+            **self._penalties(rows, vocab_size, dev),
+            max_num_logprobs=int(nlp.max()) if (nlp >= 0).any() else None,
         )
 
-        # allowed_token_ids: a dense mask, only when some row restricts its vocabulary.
+    def _generators(self, rows: np.ndarray, num_out: np.ndarray, device: torch.device) -> dict[int, torch.Generator]:
+        """Seeded rows: a generator seeded from (seed, output position), so a seeded request
+        samples the same tokens whatever batch it runs in."""
+        generators: dict[int, torch.Generator] = {}
+        for i in np.nonzero(self.has_seed[rows])[0].tolist():
+            g = torch.Generator(device=device)
+            g.manual_seed(token_seed(int(self.seed[rows[i]]), int(num_out[i])))
+            generators[i] = g
+        return generators
+
+    def _allowed_mask(self, rows: np.ndarray, vocab_size: int, dev: ToDevice) -> torch.Tensor | None:
+        """allowed_token_ids: a dense [S, V] mask, only when some row restricts its vocabulary."""
         restricted = np.nonzero(self.has_allowed[rows])[0].tolist()
-        if restricted:
-            mask = np.zeros((s, vocab_size), dtype=bool)
-            mask[restricted] = True
-            for i in restricted:
-                mask[i, self.allowed_token_ids[rows[i]]] = False
-            md.allowed_token_ids_mask = dev(mask)
+        if not restricted:
+            return None
+        mask = np.zeros((len(rows), vocab_size), dtype=bool)
+        mask[restricted] = True
+        for i in restricted:
+            mask[i, self.allowed_token_ids[rows[i]]] = False
+        return dev(mask)
 
-        # bad words, against each row's generated tokens.
+    def _bad_words_mask(self, rows: np.ndarray, dev: ToDevice) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Bad words, against each row's generated tokens: (row, token) pairs to forbid."""
         bad = {i: self.bad_words[rows[i]] for i in np.nonzero(self.has_bad_words[rows])[0].tolist()}
-        if bad:
-            outs = {i: self.output_token_ids(rows[i]) for i in bad}
-            b_rows, b_toks = bad_words_positions(bad, outs)
-            if b_rows:
-                md.bad_words_mask = (dev(np.array(b_rows, np.int64)), dev(np.array(b_toks, np.int64)))
+        if not bad:
+            return None
+        b_rows, b_toks = bad_words_positions(bad, {i: self.output_token_ids(rows[i]) for i in bad})
+        if not b_rows:
+            return None
+        return dev(np.array(b_rows, np.int64)), dev(np.array(b_toks, np.int64))
 
-        # min_tokens: stop tokens are forbidden while too few tokens were generated.
+    def _min_tokens_mask(
+        self, rows: np.ndarray, num_out: np.ndarray, dev: ToDevice
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """min_tokens: stop tokens are forbidden while too few tokens were generated."""
         gated = np.nonzero(num_out < self.min_tokens[rows])[0]
-        if len(gated):
-            ids = [self.min_tokens_stop_ids[rows[i]] for i in gated]
-            counts = np.array([len(x) for x in ids], dtype=np.int64)
-            if counts.sum():
-                md.min_tokens_mask = (dev(np.repeat(gated, counts)), dev(np.concatenate(ids)))
+        if not len(gated):
+            return None
+        ids = [self.min_tokens_stop_ids[rows[i]] for i in gated]
+        counts = np.array([len(x) for x in ids], dtype=np.int64)
+        if not counts.sum():
+            return None
+        return dev(np.repeat(gated, counts)), dev(np.concatenate(ids))
 
+    def _logit_bias(self, rows: np.ndarray, dev: ToDevice) -> tuple[torch.Tensor, ...] | None:
+        """(row, token id, bias) triples of every biased row."""
         biased = np.nonzero(self.has_bias[rows])[0].tolist()
-        if biased:
-            pairs = [self.logit_bias[rows[i]] for i in biased]
-            counts = np.array([len(p[0]) for p in pairs], dtype=np.int64)
-            md.logit_bias = (
-                dev(np.repeat(np.array(biased, dtype=np.int64), counts)),
-                dev(np.concatenate([p[0] for p in pairs])),
-                dev(np.concatenate([p[1] for p in pairs])),
-            )
+        if not biased:
+            return None
+        pairs = [self.logit_bias[rows[i]] for i in biased]
+        counts = np.array([len(p[0]) for p in pairs], dtype=np.int64)
+        return (
+            dev(np.repeat(np.array(biased, dtype=np.int64), counts)),
+            dev(np.concatenate([p[0] for p in pairs])),
+            dev(np.concatenate([p[1] for p in pairs])),
+        )
 
-        if self.has_penalty[rows].any():
-            n_tok = self.num_tokens[rows]
-            n_prompt = self.num_prompt_tokens[rows]
-            width = int(n_tok.max())
-            toks = self.token_ids[rows, :width]
-            pos = np.arange(width)[None, :]
-            is_prompt = pos < n_prompt[:, None]
-            is_output = ~is_prompt & (pos < n_tok[:, None])
-            md.prompt_token_ids = dev(np.where(is_prompt, toks, vocab_size))
-            md.output_token_ids = dev(np.where(is_output, toks, vocab_size))
-            md.presence_penalties = dev(self.presence_penalty[rows])
-            md.frequency_penalties = dev(self.frequency_penalty[rows])
-            md.repetition_penalties = dev(self.repetition_penalty[rows])
-
-        nlp = self.num_logprobs[rows]
-        if (nlp >= 0).any():
-            md.max_num_logprobs = int(nlp.max())
-        return md
+    def _penalties(self, rows: np.ndarray, vocab_size: int, dev: ToDevice) -> dict[str, torch.Tensor]:
+        """All five penalty fields, or none: prompt/output tokens padded with ``vocab_size``."""
+        if not self.has_penalty[rows].any():
+            return {}
+        n_tok = self.num_tokens[rows]
+        n_prompt = self.num_prompt_tokens[rows]
+        width = int(n_tok.max())
+        toks = self.token_ids[rows, :width]
+        pos = np.arange(width)[None, :]
+        is_prompt = pos < n_prompt[:, None]
+        is_output = ~is_prompt & (pos < n_tok[:, None])
+        return {
+            "prompt_token_ids": dev(np.where(is_prompt, toks, vocab_size)),
+            "output_token_ids": dev(np.where(is_output, toks, vocab_size)),
+            "presence_penalties": dev(self.presence_penalty[rows]),
+            "frequency_penalties": dev(self.frequency_penalty[rows]),
+            "repetition_penalties": dev(self.repetition_penalty[rows]),
+        }

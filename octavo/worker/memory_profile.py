@@ -73,14 +73,15 @@ def _dummy_forward(runner, lengths: list[int], kv: torch.Tensor, with_logits: bo
             layer.kv_cache = None
 
 
-def _peak_of(runner, mem, lengths: list[int], kv: torch.Tensor, with_logits: bool) -> int:
-    runner.platform.synchronize()
-    base = mem.memory_allocated(runner.device)
-    mem.reset_peak_memory_stats(runner.device)
+def _peak_of(runner, lengths: list[int], kv: torch.Tensor, with_logits: bool) -> int:
+    platform, device = runner.platform, runner.device
+    platform.synchronize()
+    base = platform.memory_allocated(device)
+    platform.reset_peak_memory_stats(device)
     with torch.inference_mode():
         _dummy_forward(runner, lengths, kv, with_logits)
-    runner.platform.synchronize()
-    return max(0, mem.max_memory_allocated(runner.device) - base)
+    platform.synchronize()
+    return max(0, platform.max_memory_allocated(device) - base)
 
 
 def profile_kv_cache_budget(runner) -> int:
@@ -90,7 +91,6 @@ def profile_kv_cache_budget(runner) -> int:
     config = runner.config
     sc = config.scheduler_config
     mc = config.model_config
-    mem = getattr(torch, runner.device.type)  # torch.cuda (CUDA and ROCm), torch.xpu, ...
     num_tokens = max(1, min(sc.max_num_batched_tokens, sc.max_num_seqs * runner.max_model_len))
     num_reqs = max(1, min(sc.max_num_seqs, num_tokens))
     lengths = [num_tokens // num_reqs] * num_reqs
@@ -101,11 +101,11 @@ def profile_kv_cache_budget(runner) -> int:
     shape = runner.attn_backend.get_kv_cache_shape(blocks, runner.block_size, runner.num_kv_heads_local, mc.head_size)
     kv = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
 
-    peak = _peak_of(runner, mem, lengths, kv, with_logits=True)
+    peak = _peak_of(runner, lengths, kv, with_logits=True)
     graph_pool = 0
     if graphs:
         # Decode rows of one token each; captured graphs share one pool sized by the largest.
-        graph_pool = int(_peak_of(runner, mem, [1] * largest, kv, with_logits=False) * 1.1) + 64 * 2**20
+        graph_pool = runner.platform.graph_pool_bytes(_peak_of(runner, [1] * largest, kv, with_logits=False))
     del kv
     runner.platform.synchronize()
     runner.platform.empty_cache()

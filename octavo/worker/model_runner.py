@@ -11,21 +11,36 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from octavo.attention.backend import CommonAttentionMetadata
 from octavo.config import OctavoConfig
-from octavo.core.sampler import LogprobsTensors, Sampler, SamplingMetadata, gather_logprobs
+from octavo.core.sampler import LogprobsTensors, Sampler, gather_logprobs
 from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
 from octavo.worker.input_batch import InputBatch
-from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle
-from octavo.worker.transfer import to_device, to_host_async
+from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle, logprob_dicts
+from octavo.worker.transfer import DeviceTransfer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepInputs:
+    """One step laid out for the forward: requests in scheduler order, flattened tokens."""
+
+    req_ids: list[str]
+    rows: np.ndarray  # [B] input-batch row of each request
+    input_ids: torch.Tensor  # [T] on the device
+    positions: torch.Tensor  # [T] on the device
+    metadata: CommonAttentionMetadata
+    sample_mask: np.ndarray  # [B] bool: the request samples a token this step
+    has_pending: np.ndarray  # [B] bool: its last input token is still on the device
+    logits_indices: np.ndarray  # [S] token index of each sampling request's last token
 
 class ModelRunner:
     def __init__(self, config: OctavoConfig, platform, local_rank: int = 0) -> None:
@@ -33,10 +48,8 @@ class ModelRunner:
         self.platform = platform
         mc = config.model_config
         self.device = platform.device(local_rank)
-        if self.device.type == "cpu":  # pin the compute threads (OCTAVO_CPU_THREADS_BIND)
-            from octavo.worker.cpu_threads import setup_cpu_threads
-
-            self.cpu_threads = setup_cpu_threads(local_rank, config.parallel_config.tensor_parallel_size)
+        self.transfer = DeviceTransfer(platform, self.device)
+        self.worker_setup = platform.setup_worker(local_rank, config.parallel_config.tensor_parallel_size)
         self.num_kv_heads_local = mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         self.dtype = mc.dtype
         self.block_size = config.cache_config.block_size
@@ -62,6 +75,7 @@ class ModelRunner:
 
     # -- setup ----------------------------------------------------------------------------
     def load_model(self) -> None:
+        from octavo.models.layers import bind_fused_ops
         from octavo.models.loader import init_dummy_weights, load_weights
         from octavo.models.registry import resolve_architecture
 
@@ -79,6 +93,7 @@ class ModelRunner:
             init_dummy_weights(model, seed=mc.seed)
         else:
             load_weights(model, mc.model)
+        bind_fused_ops(model, self.platform.fused_op_kernels)
         self.model = model.eval()
         self.load_seconds = time.perf_counter() - t0
 
@@ -95,12 +110,12 @@ class ModelRunner:
         cc = self.config.cache_config
         if cc.num_gpu_blocks_override is not None:
             return cc.num_gpu_blocks_override
-        if self.device.type == "cpu":
-            budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
-        else:  # measure activations and the graph pool with dummy forwards
+        if self.platform.supports_memory_profiling():  # measure activations and the graph pool
             from octavo.worker.memory_profile import profile_kv_cache_budget
 
             budget = profile_kv_cache_budget(self)
+        else:
+            budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
         num = budget // self.kv_bytes_per_block()
         # More blocks than every sequence at full length (x4 for the prefix cache) buy nothing.
         sc = self.config.scheduler_config
@@ -139,7 +154,7 @@ class ModelRunner:
             batch.append_block_ids(row, c.new_block_ids)
             batch.num_computed[row] = c.num_computed_tokens
 
-    def _prepare_inputs(self, so: SchedulerOutput):
+    def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         batch = self.input_batch
         req_ids = list(so.num_scheduled_tokens)
         rows = np.fromiter((batch.row_of[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
@@ -158,17 +173,7 @@ class ModelRunner:
         seq_lens = computed + n
         max_blocks = int(-(-seq_lens.max() // bs))
         block_table = batch.block_table[rows, :max_blocks]
-        # A request whose token from the previous (still running) step is this step's input.
-        pending = self._pending()
-        if pending is not None:
-            src_of_row = np.full(batch.max_num_reqs, -1, dtype=np.int64)
-            src_of_row[pending.rows] = np.arange(len(pending.rows))
-            serial_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
-            serial_of_row[pending.rows] = pending.serials
-            src = src_of_row[rows]
-            has_pending = (src >= 0) & (serial_of_row[rows] == batch.serial[rows]) & (seq_lens > batch.num_tokens[rows])
-        else:
-            src, has_pending = None, np.zeros(len(rows), dtype=bool)
+        src, has_pending = self._in_flight_inputs(rows, seq_lens)
         known = batch.num_tokens[rows] + has_pending
         if (seq_lens > known).any():
             raise RuntimeError("a step computes tokens that are neither known nor in flight")
@@ -184,56 +189,54 @@ class ModelRunner:
                 token_ids, positions, slot_mapping, qsl, seq_lens, batch.block_table, rows,
                 max_blocks, int(n.max()), pad_to=pad,
             )
-            self._apply_fixup(inputs[0], fixup)
-            return req_ids, rows, inputs, md, sample_mask, has_pending, logits_indices
-        dev = self.device
+        else:
+            md, inputs = self._host_inputs(token_ids, positions, slot_mapping, qsl, seq_lens, block_table, int(n.max()))
+        self._apply_fixup(inputs[0], fixup)
+        return StepInputs(req_ids, rows, inputs[0], inputs[1], md, sample_mask, has_pending, logits_indices)
+
+    def _in_flight_inputs(self, rows: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+        """Requests whose input token this step is the previous (still running) step's sample.
+
+        Returns (index of each request's token in that step's samples, or None when no step is
+        pending; mask of the requests that take such a token).
+        """
+        batch = self.input_batch
+        pending = self._pending()
+        if pending is None:
+            return None, np.zeros(len(rows), dtype=bool)
+        src_of_row = np.full(batch.max_num_reqs, -1, dtype=np.int64)
+        src_of_row[pending.rows] = np.arange(len(pending.rows))
+        serial_of_row = np.zeros(batch.max_num_reqs, dtype=np.int64)
+        serial_of_row[pending.rows] = pending.serials
+        src = src_of_row[rows]
+        same_occupancy = serial_of_row[rows] == batch.serial[rows]
+        return src, (src >= 0) & same_occupancy & (seq_lens > batch.num_tokens[rows])
+
+    def _host_inputs(self, token_ids, positions, slot_mapping, qsl, seq_lens, block_table, max_query_len):
+        """Inputs as tensors straight from the numpy arrays (the CPU path: zero-copy)."""
+        dev = self.transfer.to_device
         md = CommonAttentionMetadata(
-            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
-            seq_lens=torch.from_numpy(seq_lens.astype(np.int32)).to(dev),
-            block_table=torch.from_numpy(np.ascontiguousarray(block_table)).to(dev),
-            slot_mapping=torch.from_numpy(slot_mapping).to(dev),
+            query_start_loc=dev(qsl.astype(np.int32)),
+            seq_lens=dev(seq_lens.astype(np.int32)),
+            block_table=dev(block_table),
+            slot_mapping=dev(slot_mapping),
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
-            num_reqs=len(rows),
-            num_actual_tokens=total,
-            max_query_len=int(n.max()),
+            num_reqs=len(seq_lens),
+            num_actual_tokens=len(token_ids),
+            max_query_len=max_query_len,
             max_seq_len=int(seq_lens.max()),
-            block_size=bs,
+            block_size=self.block_size,
         )
-        inputs = (
-            torch.from_numpy(token_ids).to(dev),
-            torch.from_numpy(positions).to(dev),
-        )
-        self._apply_fixup(inputs[0], fixup)
-        return req_ids, rows, inputs, md, sample_mask, has_pending, logits_indices
+        return md, (dev(token_ids), dev(positions))
 
     def _apply_fixup(self, input_ids: torch.Tensor, fixup: tuple[np.ndarray, np.ndarray] | None) -> None:
         """Write the previous step's sampled tokens, still on the device, into ``input_ids``."""
         if fixup is None:
             return
         dst, src = fixup
-        values = self._pending().device[to_device(src, self.device)]
-        input_ids.index_copy_(0, to_device(dst, self.device), values.to(input_ids.dtype))
-
-    def _sampling_metadata(self, rows: np.ndarray, vocab_size: int, num_pending: np.ndarray) -> SamplingMetadata:
-        return self.input_batch.make_sampling_metadata(rows, vocab_size, self.device, num_pending)
-
-    @staticmethod
-    def _logprobs_lists(
-        lp: LogprobsTensors, num_logprobs: np.ndarray
-    ) -> list[list[dict[int, tuple[float, int]]] | None]:
-        """Per sampled row: None, or one {token_id: (logprob, rank)} with the sampled token first."""
-        ids, lps, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.sampled_ranks.tolist()
-        out: list[list[dict[int, tuple[float, int]]] | None] = []
-        for i, k in enumerate(num_logprobs.tolist()):
-            if k < 0:
-                out.append(None)
-                continue
-            d = {ids[i][0]: (lps[i][0], ranks[i])}
-            for j in range(1, k + 1):
-                d.setdefault(ids[i][j], (lps[i][j], j))
-            out.append([d])
-        return out
+        values = self._pending().device[self.transfer.to_device(src)]
+        input_ids.index_copy_(0, self.transfer.to_device(dst), values.to(input_ids.dtype))
 
     def _compute_prompt_logprobs(
         self, req_ids: list[str], rows: np.ndarray, md: CommonAttentionMetadata, hidden: torch.Tensor
@@ -264,14 +267,7 @@ class ModelRunner:
             logprobs = logits.float().log_softmax(dim=-1)
             targets = torch.from_numpy(batch.token_ids[row, start + 1 : end + 1].copy()).to(self.device)
             lp = gather_logprobs(logprobs, k, targets)
-            ids, lps, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.sampled_ranks.tolist()
-            entries = []
-            for p in range(end - start):
-                d = {ids[p][0]: (lps[p][0], ranks[p])}
-                for j in range(1, k + 1):
-                    d.setdefault(ids[p][j], (lps[p][j], j))
-                entries.append(d)
-            out[req_ids[i]] = (start + 1, entries)
+            out[req_ids[i]] = (start + 1, logprob_dicts(lp, [k] * (end - start)))
         return out or None
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
@@ -290,33 +286,34 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return ReadyStep(ModelRunnerOutput([], []))
-        req_ids, rows, (input_ids, positions), md, sample_mask, has_pending, logits_indices = (
-            self._prepare_inputs(so)
-        )
-        attn_md = self.attn_backend.build_metadata(md)
+        step = self._prepare_inputs(so)
+        attn_md = self.attn_backend.build_metadata(step.metadata)
         idx = None
-        if len(logits_indices):  # staged before the forward: its copy never waits on it
+        if len(step.logits_indices):  # staged before the forward: its copy never waits on it
             if self.step_buffers is not None:
-                idx = self.step_buffers.indices(logits_indices)
+                idx = self.step_buffers.indices(step.logits_indices)
             else:
-                idx = torch.from_numpy(logits_indices).to(self.device)
-        hidden = self.graph_runner.replay(md) if self.graph_runner is not None else None
+                idx = self.transfer.to_device(step.logits_indices)
+        hidden = self.graph_runner.replay(step.metadata) if self.graph_runner is not None else None
         if hidden is None:
-            hidden = self.model(input_ids, positions, attn_md)
-        prompt_logprobs = self._compute_prompt_logprobs(req_ids, rows, md, hidden)
-        sample_pos = np.nonzero(sample_mask)[0]
-        if idx is None:
-            handle = StepHandle(self, req_ids, sample_pos, prompt_logprobs, None)
-            self._unresulted.append(handle)
-            return handle
-        logits = self.model.compute_logits(hidden[idx])
-        sample_rows = rows[sample_mask]
+            hidden = self.model(step.input_ids, step.positions, attn_md)
+        prompt_logprobs = self._compute_prompt_logprobs(step.req_ids, step.rows, step.metadata, hidden)
+        sampled = None if idx is None else self._sample(step, hidden[idx])
+        handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
+        self._unresulted.append(handle)
+        return handle
+
+    def _sample(self, step: StepInputs, hidden: torch.Tensor) -> SampledTokens:
+        """Sample the requests of ``step`` that sample; results are queued to the host."""
+        logits = self.model.compute_logits(hidden)
+        sample_rows = step.rows[step.sample_mask]
         if logits is None:  # tensor-parallel rank != 0: receive rank 0's tokens below
             out = None
-            sampled_t = torch.empty(len(logits_indices), dtype=torch.int64, device=self.device)
+            sampled_t = torch.empty(len(sample_rows), dtype=torch.int64, device=self.device)
         else:
-            md_s = self._sampling_metadata(sample_rows, logits.shape[-1], has_pending[sample_mask].astype(np.int64))
-            out = self.sampler(logits, md_s)
+            num_pending = step.has_pending[step.sample_mask].astype(np.int64)
+            md = self.input_batch.make_sampling_metadata(sample_rows, logits.shape[-1], self.transfer, num_pending)
+            out = self.sampler(logits, md)
             sampled_t = out.sampled_token_ids
         tp = get_tp()
         if tp.world_size > 1:
@@ -324,19 +321,15 @@ class ModelRunner:
         sampled_t = sampled_t.to(torch.int64)
         lp_host = num_lp = None
         if out is not None and out.logprobs is not None:
-            lp = out.logprobs
-            lp_host = LogprobsTensors(to_host_async(lp.token_ids), to_host_async(lp.logprobs),
-                                      to_host_async(lp.sampled_ranks))
+            lp, host = out.logprobs, self.transfer.to_host_async
+            lp_host = LogprobsTensors(host(lp.token_ids), host(lp.logprobs), host(lp.sampled_ranks))
             num_lp = self.input_batch.num_logprobs[sample_rows].copy()
-        sampled_host = to_host_async(sampled_t)
-        event = self.platform.new_event() if self.device.type != "cpu" else None
+        sampled_host = self.transfer.to_host_async(sampled_t)
+        event = self.platform.new_event()  # None where device work is synchronous
         if event is not None:
             event.record()
-        sampled = SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
-                                sampled_host, lp_host, num_lp, event)
-        handle = StepHandle(self, req_ids, sample_pos, prompt_logprobs, sampled)
-        self._unresulted.append(handle)
-        return handle
+        return SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
+                             sampled_host, lp_host, num_lp, event)
 
     def _pending(self) -> SampledTokens | None:
         """Tokens of the last launched step not yet on the host (None when all are)."""

@@ -23,6 +23,22 @@ from octavo.core.sampler import LogprobsTensors
 from octavo.core.scheduler_output import ModelRunnerOutput
 
 
+def logprob_dicts(lp: LogprobsTensors, counts) -> list[dict[int, tuple[float, int]] | None]:
+    """Row ``i`` as ``{token_id: (logprob, rank)}``: the sampled (or target) token first with
+    its rank, then the top ``counts[i]`` tokens with ranks 1..k; None where ``counts[i] < 0``."""
+    ids, lps, ranks = lp.token_ids.tolist(), lp.logprobs.tolist(), lp.sampled_ranks.tolist()
+    out: list[dict[int, tuple[float, int]] | None] = []
+    for i, k in enumerate(np.asarray(counts).tolist()):
+        if k < 0:
+            out.append(None)
+            continue
+        d = {ids[i][0]: (lps[i][0], ranks[i])}
+        for j in range(1, k + 1):
+            d.setdefault(ids[i][j], (lps[i][j], j))
+        out.append(d)
+    return out
+
+
 class ReadyStep:
     """A step already computed (nothing to wait for)."""
 
@@ -78,7 +94,7 @@ class StepHandle:
             for i, t in zip(pos, tokens.tolist(), strict=True):
                 sampled_lists[i] = [t]
             if s.logprobs_host is not None:
-                per_row = runner._logprobs_lists(s.logprobs_host, s.num_logprobs)
+                per_row = [None if d is None else [d] for d in logprob_dicts(s.logprobs_host, s.num_logprobs)]
                 logprobs_lists = [None] * len(self._req_ids)
                 for i, lp in zip(pos, per_row, strict=True):
                     logprobs_lists[i] = lp

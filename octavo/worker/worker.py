@@ -30,8 +30,7 @@ class Worker:
         self.rank = rank
         world = config.parallel_config.tensor_parallel_size
         platform = current_platform
-        if platform.device_type != "cpu":
-            platform.set_device(platform.device(local_rank))
+        platform.set_device(platform.device(local_rank))
         self.tp = init_distributed(platform.communicator, rank, world, init_method)
         platform.seed_everything(config.model_config.seed)
         self.runner = ModelRunner(config, platform, local_rank=local_rank)

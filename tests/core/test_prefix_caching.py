@@ -8,14 +8,13 @@ from wherever it is in the queue.
 
 import pytest
 
-from octavo.core.block_hash import get_hash_function
 from octavo.core.kv_cache_manager import KVCacheManager
 from tests.core.utils import check_kv_invariants, free_ids, make_request
 
 BS = 4
 
 
-def kv_manager(num_blocks: int = 11, caching: bool = True, hash_algo: str = "builtin") -> KVCacheManager:
+def kv_manager(num_blocks: int = 11, caching: bool = True, hash_algo: str = "sha256") -> KVCacheManager:
     return KVCacheManager(num_blocks, BS, enable_caching=caching, hash_algo=hash_algo)
 
 
@@ -228,18 +227,13 @@ def test_reset_prefix_cache_refused_while_blocks_are_held():
     assert kv.get_computed_blocks(make_request("s", 0, prompt=prompt(range(9))))[1] == 0
 
 
-def test_sha256_hashes_and_bad_hash_name():
-    kv = kv_manager(hash_algo="sha256")
+@pytest.mark.parametrize("algo,size", [("sha256", 32), ("xxhash", 16)])
+def test_hash_algos_hit_the_same_prefix(algo, size):
+    pytest.importorskip("xxhash") if algo == "xxhash" else None
+    kv = kv_manager(hash_algo=algo)
     r0 = make_request("0", 0, prompt=prompt(range(9)))
     admit(kv, r0)
-    assert isinstance(r0.block_hashes[0], bytes) and len(r0.block_hashes[0]) == 32
+    assert all(isinstance(h, bytes) and len(h) == size for h in r0.block_hashes)
     assert kv.get_computed_blocks(make_request("1", 0, prompt=prompt(range(9))))[1] == 8
-    with pytest.raises(ValueError, match="OCTAVO_PREFIX_HASH"):
-        get_hash_function("md5")
-
-
-def test_prefix_hash_env_reaches_the_config(monkeypatch, llama_dir):
-    from octavo.engine.arg_utils import EngineArgs
-
-    monkeypatch.setenv("OCTAVO_PREFIX_HASH", "sha256")
-    assert EngineArgs(model=llama_dir).create_engine_config().cache_config.prefix_hash == "sha256"
+    assert kv.get_computed_blocks(make_request("2", 0, prompt=prompt([0, 1, 2, 3, 4, 5, 6, 99, 8])))[1] == 4
+    check_kv_invariants(kv)

@@ -14,8 +14,12 @@ from octavo.core.sampler import (
     token_seed,
 )
 from octavo.core.scheduler_output import NewRequestData
+from octavo.platforms.cpu import CpuPlatform
 from octavo.sampling_params import SamplingParams
 from octavo.worker.input_batch import InputBatch
+from octavo.worker.transfer import DeviceTransfer
+
+CPU_TRANSFER = DeviceTransfer(CpuPlatform, torch.device("cpu"))
 
 LOGITS = torch.tensor([2.0, 1.55, 1.1, 0.62, 0.0, -0.45, -1.05, -3.0])
 V = LOGITS.numel()
@@ -225,7 +229,7 @@ def test_metadata_from_input_batch_drives_the_pipeline():
     batch.add_request(NewRequestData("bad", [1], [6], sp, [1], 0, 0))
     r_bad = batch.row_of["bad"]
     rows = np.array([r_min, r_ign, r_pen, r_bad])
-    md = batch.make_sampling_metadata(rows, v, torch.device("cpu"))
+    md = batch.make_sampling_metadata(rows, v, CPU_TRANSFER)
     assert md.all_greedy and md.max_num_logprobs is None
     masked = set(zip(md.min_tokens_mask[0].tolist(), md.min_tokens_mask[1].tolist(), strict=True))
     assert masked == {(0, 0), (0, 9)}  # EOS and the stop token; nothing for ignore_eos's EOS
@@ -251,10 +255,10 @@ def test_metadata_from_input_batch_drives_the_pipeline():
 
     # After enough outputs min_tokens stops masking.
     batch.append_tokens(np.array([r_min]), np.array([5]))
-    md = batch.make_sampling_metadata(np.array([r_min]), v, torch.device("cpu"))
+    md = batch.make_sampling_metadata(np.array([r_min]), v, CPU_TRANSFER)
     assert md.min_tokens_mask is not None  # 2 outputs < 3
     batch.append_tokens(np.array([r_min]), np.array([5]))
-    md = batch.make_sampling_metadata(np.array([r_min]), v, torch.device("cpu"))
+    md = batch.make_sampling_metadata(np.array([r_min]), v, CPU_TRANSFER)
     assert md.min_tokens_mask is None
 
 
@@ -262,7 +266,7 @@ def test_seeded_generators_follow_the_output_index():
     batch = InputBatch(max_num_reqs=2, max_model_len=16, block_size=4)
     r = add(batch, "s", [1, 2, 3], [4, 5], seed=99, temperature=1.0, logprobs=2)
     add(batch, "g", [1], [], seed=5, temperature=0.0)
-    md = batch.make_sampling_metadata(np.array([r, batch.row_of["g"]]), 8, torch.device("cpu"))
+    md = batch.make_sampling_metadata(np.array([r, batch.row_of["g"]]), 8, CPU_TRANSFER)
     assert list(md.generators) == [0]  # greedy rows need no generator
     expected = torch.Generator().manual_seed(token_seed(99, 2))
     assert torch.equal(
@@ -276,4 +280,4 @@ def test_seeded_generators_follow_the_output_index():
 def test_top_k_zero_and_minus_one_disable(top_k):
     batch = InputBatch(max_num_reqs=1, max_model_len=8, block_size=4)
     r = add(batch, "a", [1], [], top_k=top_k, temperature=1.0)
-    assert batch.make_sampling_metadata(np.array([r]), 8, torch.device("cpu")).top_k is None
+    assert batch.make_sampling_metadata(np.array([r]), 8, CPU_TRANSFER).top_k is None

@@ -54,6 +54,7 @@ def _close(a, b, dtype):
 def test_rms_norm(dtype, n):
     torch.manual_seed(n)
     norm = layers.RMSNorm(n, 1e-5).to(dtype)
+    assert layers.bind_fused_ops(norm, "cpu") is cfo
     with torch.no_grad():
         norm.weight.copy_(torch.randn(n))
     x = torch.randn(7, n).to(dtype)
@@ -74,7 +75,8 @@ def test_silu_and_mul(dtype):
     torch.manual_seed(0)
     x = (torch.randn(9, 2 * 1536) * 4).to(dtype)
     with torch.inference_mode():
-        _close(_fused(layers.silu_and_mul, x), _eager(layers.silu_and_mul, x), dtype)
+        _close(_fused(layers.silu_and_mul, x, cfo), _eager(layers.silu_and_mul, x, cfo), dtype)
+        assert torch.equal(layers.silu_and_mul(x), _eager(layers.silu_and_mul, x, cfo))  # unbound: eager
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -86,6 +88,7 @@ def test_rope_on_strided_views(dtype, head_dim):
     torch.set_default_dtype(dtype)
     try:
         rope = layers.RotaryEmbedding(cfg, head_dim, 512, dtype)
+        layers.bind_fused_ops(rope, "cpu")
     finally:
         torch.set_default_dtype(torch.float32)
     qkv = torch.randn(6, (4 + 2 * 2) * head_dim).to(dtype)
@@ -100,8 +103,20 @@ def test_rope_on_strided_views(dtype, head_dim):
 
 
 def test_fp32_stays_on_the_eager_path():
-    assert layers._use_fused(torch.zeros(2, 2)) is None
-    assert layers._use_fused(torch.zeros(2, 2, dtype=torch.bfloat16)) is cfo
+    assert layers._use_fused(cfo, torch.zeros(2, 2)) is None
+    assert layers._use_fused(cfo, torch.zeros(2, 2, dtype=torch.bfloat16)) is cfo
+    assert layers._use_fused(None, torch.zeros(2, 2, dtype=torch.bfloat16)) is None
+
+
+def test_kernels_are_chosen_once_by_kind():
+    model = torch.nn.Sequential(layers.RMSNorm(8, 1e-5), torch.nn.Linear(8, 8))
+    assert layers.fused_ops_of(model[0]) is None  # never bound: eager torch
+    assert layers.bind_fused_ops(model, "cpu") is cfo
+    assert all(layers.fused_ops_of(m) is cfo for m in model.modules())
+    assert layers.bind_fused_ops(model, "none") is None
+    assert layers.fused_ops_of(model[1]) is None
+    with pytest.raises(ValueError, match="unknown fused op kernels"):
+        layers.load_fused_ops("cuda")
 
 
 def test_prepacked_linear_matches_and_tracks_weight_updates():
@@ -115,6 +130,7 @@ def test_prepacked_linear_matches_and_tracks_weight_updates():
         pytest.skip("torch has no oneDNN prepacking here")
     torch.manual_seed(0)
     lin = torch.nn.Linear(576, 960, bias=True).to(torch.bfloat16)
+    layers.bind_fused_ops(lin, "cpu")
 
     def check(x):
         with torch.inference_mode():

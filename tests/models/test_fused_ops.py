@@ -27,11 +27,7 @@ def _eager_norm(x, w, eps, residual=None):
 
     norm = layers.RMSNorm(x.shape[-1], eps).to(device=x.device, dtype=x.dtype)
     norm.weight.data.copy_(w)
-    ops, layers._FUSED = layers._FUSED, False  # force the eager path
-    try:
-        return norm(x, residual)
-    finally:
-        layers._FUSED = ops
+    return norm(x, residual)  # never bound to fused kernels: the eager path
 
 
 def _check_all(device, dtype, tokens=5, hidden=96, heads=3, kv_heads=1, head_dim=32):
@@ -74,11 +70,14 @@ def test_fused_ops_interpreted():
     _check_all("cpu", torch.float32)
 
 
-def test_layers_keep_eager_path_on_cpu():
-    """CPU tensors never reach Triton (the fp32 HF-equivalence path stays pure torch)."""
-    from octavo.models import layers
+def test_platforms_bind_triton_only_on_gpus():
+    """CPU models never reach Triton (the fp32 HF-equivalence path stays pure torch)."""
+    from octavo.platforms.cpu import CpuPlatform
+    from octavo.platforms.cuda import CudaPlatform
+    from octavo.platforms.rocm import RocmPlatform
 
-    assert layers._use_fused(torch.zeros(2, 2)) is None
+    assert CpuPlatform.fused_op_kernels == "cpu"
+    assert CudaPlatform.fused_op_kernels == RocmPlatform.fused_op_kernels == "triton"
 
 
 @pytest.mark.cuda

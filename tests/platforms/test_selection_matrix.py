@@ -81,7 +81,7 @@ MATRIX = {
         Machine(xpu_devices=1, xpu_bf16=False, xccl=False,
                 packages=frozenset({"triton", "oneccl_bindings_for_pytorch"})), "xpu",
         "triton_paged", "none", "ccl", "ccl", (FP16, FP32), FP16, FP16, skipped=("ipex",)),
-    "tpu": Row(Machine(tpu=True, packages=frozenset({"torch_xla"})), "tpu", "xla", "xla_compile",
+    "tpu": Row(Machine(tpu=True, packages=frozenset({"torch_xla"})), "tpu", "xla", "none",
                "xla", "xla", (BF16, FP32), BF16, BF16),
     # Order: CUDA before TPU when both are present.
     "cuda-and-tpu": Row(Machine(cuda_devices=1, tpu=True, packages=CUDA_PKGS | {"torch_xla"}),
@@ -242,11 +242,11 @@ def test_forcing_an_available_builtin(monkeypatch):
     assert r.alternatives["cuda"] == "not chosen: OCTAVO_PLATFORM=tpu"
 
 
-def test_tpu_token_buckets():
-    from octavo.platforms.tpu import padded_num_tokens, token_buckets
+def test_tpu_reports_the_graph_mode_the_runner_uses(monkeypatch):
+    """No bucketed xla_compile claim: the runner pads nothing, so info says no captured graphs."""
+    simulate(monkeypatch, Machine(tpu=True, packages=frozenset({"torch_xla"})))
+    from octavo.platforms.tpu import TpuPlatform
 
-    assert token_buckets(100) == [16, 32, 64, 128]
-    assert token_buckets(16) == [16]
-    assert [padded_num_tokens(n, 2048) for n in (1, 16, 17, 2048)] == [16, 16, 32, 2048]
-    with pytest.raises(ValueError):
-        padded_num_tokens(4097, 2048)
+    choice = TpuPlatform.get_graph_capture()
+    assert choice.value == "none" and "not padded to shape buckets" in choice.reason
+

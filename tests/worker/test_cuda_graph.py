@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from octavo.platforms.cpu import CpuPlatform
 from octavo.worker.cuda_graph import StepBuffers, capture_sizes
 
 HAS_GPU = torch.cuda.is_available()
@@ -27,7 +28,7 @@ def _batch():
 
 
 def test_stage_eager_layout():
-    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), pin_memory=False)
+    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), CpuPlatform)
     bt = _batch()
     rows = np.array([1, 0])
     ids, pos = np.array([4, 5, 6, 7]), np.array([32, 33, 34, 20])
@@ -44,7 +45,7 @@ def test_stage_eager_layout():
 
 
 def test_stage_padded_decode_layout():
-    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), pin_memory=False)
+    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), CpuPlatform)
     bt = _batch()
     rows = np.array([2, 0, 1])
     md, (t_ids, _) = buf.stage(

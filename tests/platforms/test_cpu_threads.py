@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from octavo.worker import cpu_threads
+from octavo.platforms import cpu_threads
 
 
 def test_parse_cpu_list():

@@ -54,3 +54,41 @@ def test_outputs_and_stats_roundtrip():
 def test_unencodable_values_are_refused():
     with pytest.raises(TypeError):
         serial.pack(serial.ADD, {"x": object()})
+
+
+def test_scheduler_and_runner_outputs_roundtrip_without_engine_side_fields():
+    """The driver -> worker boundary uses the same codec; engine-side references stay home."""
+    import numpy as np
+
+    from octavo.core.scheduler_output import (
+        CachedRequestData,
+        ModelRunnerOutput,
+        NewRequestData,
+        SchedulerOutput,
+    )
+
+    params = SamplingParams(temperature=0.5, seed=3, logprobs=1)
+    req = Request("a", [1, 2, 3], params, eos_token_id=0)
+    so = SchedulerOutput(
+        scheduled_new_reqs=[NewRequestData("a", [1, 2, 3], [], params, [4, 5], 0, eos_token_id=0)],
+        scheduled_cached_reqs=[CachedRequestData("b", [7], 12)],
+        num_scheduled_tokens={"a": 3, "b": 1},
+        total_num_scheduled_tokens=4,
+        finished_req_ids={"c"},
+        preempted_req_ids={"d"},
+        scheduled_requests={"a": req},
+    )
+    wire = serial.encode_scheduler_output(so)
+    assert "scheduled_requests" not in wire
+    back = serial.decode_scheduler_output(serial.decode(serial.encode(wire)))
+    assert back == so  # scheduled_requests is compare=False
+    assert back.scheduled_requests == {} and back.finished_req_ids == {"c"}
+    assert back.scheduled_new_reqs[0].sampling_params == params
+    out = ModelRunnerOutput(["a", "b"], [[5], []], logprobs=[[{5: (-0.25, 1)}], None],
+                            prompt_logprobs={"a": (1, [{2: (-1.5, 3)}])})
+    got = serial.decode_runner_output(serial.decode(serial.encode(serial.encode_runner_output(out))))
+    assert got.req_ids == out.req_ids and got.sampled_token_ids == out.sampled_token_ids
+    assert got.logprobs == out.logprobs and isinstance(got.logprobs[0][0][5], tuple)
+    start, entries = got.prompt_logprobs["a"]  # the (start, entries) pair unpacks as before
+    assert (start, entries) == (1, [{2: (-1.5, 3)}])
+    assert serial.decode(serial.encode(np.int64(7))) == 7  # numpy scalars travel as numbers
