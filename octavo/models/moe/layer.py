@@ -95,6 +95,19 @@ class FusedMoE(nn.Module):
         self.w2_weight.weight_loader = self._load_w2  # type: ignore[attr-defined]
         self.kernel = make_kernel(dtype)
 
+    def describe(self) -> str:
+        """Placement on this rank and the kernel, e.g. for ``octavo info`` and startup logs."""
+        if self.expert_parallel:
+            where = (
+                f"experts {self.expert_start}-{self.expert_start + self.num_local_experts - 1} of "
+                f"{self.num_experts} on rank {self.tp.rank} (expert parallel)"
+            )
+        elif self.tp.world_size > 1:
+            where = f"all {self.num_experts} experts, {self.local_inter} of {self.intermediate_size} rows each (tensor-sharded)"
+        else:
+            where = f"all {self.num_experts} experts"
+        return f"top-{self.top_k} of {where}; kernel {self.kernel.describe()}"
+
     # -- loading ---------------------------------------------------------------------------
     def checkpoint_targets(self, prefix: str) -> set[tuple[str, str]]:
         """Every (parameter, shard) the checkpoint must provide: all E experts, on every rank."""
