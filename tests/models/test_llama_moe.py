@@ -57,3 +57,31 @@ def test_moe_structure_follows_config(checkpoints):
     assert torch.equal(moe.experts.w2_weight[3], ref.experts.down_proj[3])
     x = torch.randn(7, 64)
     torch.testing.assert_close(moe(x), ref(x[None])[0], rtol=1e-5, atol=1e-5)
+
+
+def test_quantized_moe_checkpoint_is_refused(checkpoints, tmp_path):
+    """A MoE checkpoint with a quantization_config is refused before any weight is read."""
+    import json
+    import shutil
+
+    src = checkpoints["qwen3_moe"]
+    dst = tmp_path / "fp8_moe"
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="quantiz"):
+        LLM(str(dst), dtype="float32")
+
+
+def test_moe_model_refuses_quantization_config_directly(checkpoints):
+    import torch
+
+    from octavo.attention.backends.torch_ref import TorchRefBackend
+    from octavo.models.llama_moe import Qwen3MoeForCausalLM
+    from tests.hf_reference import hf_model
+
+    cfg = hf_model(checkpoints["qwen3_moe"]).config
+    cfg = type(cfg).from_dict({**cfg.to_dict(), "quantization_config": {"quant_method": "fp8"}})
+    with pytest.raises(ValueError, match="quantized mixture-of-experts checkpoints are not supported.*'fp8'"):
+        Qwen3MoeForCausalLM(cfg, TorchRefBackend, torch.float32, 64)

@@ -167,9 +167,20 @@ class FusedMoE(nn.Module):
 
     def activation_bytes(self, num_tokens: int) -> int:
         """Peak bytes the grouped kernels hold for ``num_tokens`` tokens (routing included)."""
-        pairs = num_tokens * self.top_k
-        elem = self.w13_weight.element_size()
-        hidden = self.w2_weight.shape[1]
-        routing = pairs * (4 + 8) + num_tokens * self.num_experts * 4  # weights, ids, probs
-        sort = (pairs + (self.num_local_experts + 1) * 128) * 4 * 3  # sorted ids, order, scatter
-        return routing + sort + pairs * (self.local_inter + hidden) * elem + num_tokens * hidden * elem
+        return grouped_activation_bytes(
+            num_tokens, self.top_k, self.num_local_experts, self.num_experts, self.local_inter,
+            self.hidden_size, self.w13_weight.element_size(),
+        )
+
+
+def grouped_activation_bytes(
+    num_tokens: int, top_k: int, local_experts: int, num_experts: int, local_inter: int, hidden: int,
+    elem: int,
+) -> int:
+    """Bytes live at the peak of one MoE layer over ``num_tokens`` tokens: router
+    probabilities and top-k, the expert-sorted pair ids padded to the largest block (128), the
+    SiLU-gated intermediate [pairs, I_local], the per-pair outputs [pairs, H] and the result."""
+    pairs = num_tokens * top_k
+    routing = num_tokens * num_experts * 4 + pairs * (4 + 8)
+    sort = (pairs + (local_experts + 1) * 127) * 4 + pairs * 8 * 3
+    return routing + sort + pairs * (local_inter + hidden) * elem + num_tokens * hidden * elem

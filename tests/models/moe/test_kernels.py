@@ -159,3 +159,26 @@ def test_triton_grouped_expert_parallel_slice_on_gpu(tokens):
     case = make_case(tokens, 32, 8, 256, 128, dtype=torch.bfloat16, device="cuda", dropped=96, seed=1)
     ref = TorchRefExperts(torch.float32).apply(*[t.float() if t.is_floating_point() else t for t in case])
     torch.testing.assert_close(tg.fused_experts(*case).float(), ref, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 512, 4096])
+def test_activation_estimate_covers_measured_peak(tokens):
+    """``grouped_activation_bytes`` (what the memory profiler budgets) >= the real peak."""
+    if not HAS_GPU:
+        pytest.skip("needs a CUDA GPU")
+    from octavo.models.moe.layer import grouped_activation_bytes
+
+    tg = _triton()
+    experts, top_k, hidden, inter = 128, 8, 2048, 768
+    case = make_case(tokens, experts, top_k, hidden, inter, dtype=torch.bfloat16, device="cuda")
+    logits = torch.randn(tokens, experts, device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    w, ids = select_experts(logits, top_k, True)
+    out = tg.fused_experts(case[0], case[1], case[2], w, ids)
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - base
+    del out
+    assert measured <= grouped_activation_bytes(tokens, top_k, experts, experts, inter, hidden, 2)
