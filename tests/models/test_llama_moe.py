@@ -85,3 +85,22 @@ def test_moe_model_refuses_quantization_config_directly(checkpoints):
     cfg = type(cfg).from_dict({**cfg.to_dict(), "quantization_config": {"quant_method": "fp8"}})
     with pytest.raises(ValueError, match="quantized mixture-of-experts checkpoints are not supported.*'fp8'"):
         Qwen3MoeForCausalLM(cfg, TorchRefBackend, torch.float32, 64)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_moe_fp32_on_gpu_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypatch):
+    """The Triton grouped kernel inside the engine (captured CUDA graphs or eager) in fp32
+    gives the CPU's greedy tokens."""
+    from tests.worker.test_cuda_graph import HAS_GPU, _generate
+
+    if not HAS_GPU:
+        pytest.skip("needs a GPU")
+    _, _, cpu_tokens = _generate(checkpoints[arch], monkeypatch, "cpu", dtype="float32")
+    llm, _, gpu_tokens = _generate(
+        checkpoints[arch], monkeypatch, "cuda", dtype="float32", enforce_eager=enforce_eager
+    )
+    assert "kernel triton_grouped" in llm.llm_engine.core.executor.worker_infos[0]["moe"]
+    assert (llm.llm_engine.core.runner.graph_runner is None) == enforce_eager
+    assert gpu_tokens == cpu_tokens
