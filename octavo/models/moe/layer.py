@@ -29,7 +29,7 @@ from torch import nn
 
 from octavo.distributed.parallel_state import expert_parallel_enabled, get_tp
 from octavo.models.moe.kernels import ExpertsKernel, choose_kernel
-from octavo.models.moe.router import select_experts
+from octavo.models.moe.router import to_local_ids
 
 logger = logging.getLogger(__name__)
 
@@ -153,16 +153,14 @@ class FusedMoE(nn.Module):
     # -- forward ---------------------------------------------------------------------------
     def local_expert_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Global expert ids -> this rank's ids; experts elsewhere -> ``num_local_experts``."""
-        if not self.expert_parallel:
-            return ids
-        local = ids - self.expert_start
-        outside = (local < 0) | (local >= self.num_local_experts)
-        return local.masked_fill(outside, self.num_local_experts)
+        return to_local_ids(ids, self.expert_start, self.num_local_experts, self.num_experts)
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """``hidden`` [T, H], ``router_logits`` [T, E] -> [T, H], summed over ranks."""
-        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
-        out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, weights, self.local_expert_ids(ids))
+        weights, ids = self.kernel.route(
+            router_logits, self.top_k, self.renormalize, self.expert_start, self.num_local_experts
+        )
+        out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, weights, ids)
         return self.tp.all_reduce(out) if self.tp.world_size > 1 else out
 
     def activation_bytes(self, num_tokens: int) -> int:

@@ -22,3 +22,11 @@ def select_experts(
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids
+
+
+def to_local_ids(ids: torch.Tensor, expert_start: int, num_local: int, num_experts: int) -> torch.Tensor:
+    """Global expert ids -> ids of this rank's experts; experts elsewhere -> ``num_local``."""
+    if expert_start == 0 and num_local == num_experts:
+        return ids
+    local = ids - expert_start
+    return local.masked_fill((local < 0) | (local >= num_local), num_local)

@@ -182,3 +182,72 @@ def test_activation_estimate_covers_measured_peak(tokens):
     measured = torch.cuda.max_memory_allocated() - base
     del out
     assert measured <= grouped_activation_bytes(tokens, top_k, experts, experts, inter, hidden, 2)
+
+
+# -- the Triton routing and grouping kernels ---------------------------------------------
+
+
+def _check_align_contract(ids, num_experts, block, sorted_ids, block_experts, num_padded):
+    """The contract of ``align_block_size`` (order inside an expert's run is free)."""
+    flat = ids.reshape(-1).cpu()
+    sorted_ids, block_experts = sorted_ids.cpu(), block_experts.cpu()
+    n, used = flat.numel(), int(num_padded)
+    counts = torch.bincount(flat.long(), minlength=num_experts + 1)
+    assert used == int(((counts + block - 1) // block * block).sum())
+    assert sorted_ids.numel() >= used and (sorted_ids[used:] == n).all()
+    real = sorted_ids[:used][sorted_ids[:used] < n]
+    assert sorted(real.tolist()) == list(range(n))
+    for b in range(sorted_ids.numel() // block):
+        pairs = sorted_ids[b * block:(b + 1) * block]
+        pairs = pairs[pairs < n]
+        e = int(block_experts[b])
+        got = {int(flat[p]) for p in pairs}
+        if e >= 0:
+            assert got <= {e} and b * block < used
+        else:
+            assert got <= {num_experts}
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("tokens,experts,top_k,block", [(1, 8, 2, 16), (37, 8, 2, 16), (5, 16, 4, 4), (64, 130, 8, 32)])
+def test_triton_align_interpreted(tokens, experts, top_k, block):
+    _triton()
+    from octavo.models.moe.kernels import triton_routing
+
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.randint(0, experts + 1, (tokens, top_k), generator=g)  # experts = dropped bucket
+    _check_align_contract(ids, experts, block, *triton_routing.align(ids, experts, block))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("experts,top_k,start,local", [(8, 2, 0, 8), (12, 3, 4, 4), (64, 8, 32, 32)])
+def test_triton_route_interpreted(renormalize, experts, top_k, start, local):
+    _triton()
+    from octavo.models.moe.kernels import ExpertsKernel, triton_routing
+
+    logits = torch.randn(9, experts, generator=torch.Generator().manual_seed(experts))
+    w, ids = triton_routing.route(logits, top_k, renormalize, start, local)
+    ref_w, ref_ids = ExpertsKernel(torch.float32).route(logits, top_k, renormalize, start, local)
+    assert ids.tolist() == ref_ids.tolist()
+    torch.testing.assert_close(w, ref_w, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("tokens", [1, 3, 64, 512, 4096])
+@pytest.mark.parametrize("experts,top_k", [(8, 2), (128, 8)])
+@pytest.mark.parametrize("block", [16, 64])
+def test_triton_route_and_align_on_gpu(tokens, experts, top_k, block):
+    if not HAS_GPU:
+        pytest.skip("needs a CUDA GPU")
+    _triton()
+    from octavo.models.moe.kernels import ExpertsKernel, triton_routing
+
+    logits = torch.randn(tokens, experts, device="cuda")
+    w, ids = triton_routing.route(logits, top_k, True, 0, experts)
+    ref_w, ref_ids = ExpertsKernel(torch.float32).route(logits, top_k, True, 0, experts)
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-6)
+    _check_align_contract(ids, experts, block, *triton_routing.align(ids, experts, block))
+    same = torch.zeros_like(ids)  # every pair on expert 0 (the memory profiler's dummy batch)
+    _check_align_contract(same, experts, block, *triton_routing.align(same, experts, block))

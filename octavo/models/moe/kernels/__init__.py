@@ -48,6 +48,17 @@ class ExpertsKernel:
     def describe(self) -> str:
         return self.name
 
+    def route(
+        self, router_logits: torch.Tensor, top_k: int, renormalize: bool, expert_start: int, num_local: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k] float32, local ids [T, k]): ``select_experts``, then global ids
+        mapped to this rank's experts ``[expert_start, expert_start + num_local)``; any other
+        expert becomes ``num_local`` (computed elsewhere). Kernels may fuse this."""
+        from octavo.models.moe.router import select_experts, to_local_ids
+
+        weights, ids = select_experts(router_logits, top_k, renormalize)
+        return weights, to_local_ids(ids, expert_start, num_local, router_logits.shape[-1])
+
     def apply(
         self,
         x: torch.Tensor,

@@ -1,8 +1,10 @@
 """CUDA/ROCm experts: a Triton grouped GEMM over token-expert pairs sorted by expert.
 
-Two launches per layer, after ``align_block_size`` has grouped the pairs by expert and padded
-each expert's run to ``BLOCK_M`` (so every M-block belongs to exactly one expert):
+Per MoE layer, after the router GEMM:
 
+0. ``triton_routing.route`` (softmax top-k, one launch) and ``triton_routing.align`` (pairs
+   grouped by expert, each expert's run padded to ``BLOCK_M`` so every M-block belongs to
+   exactly one expert; one launch);
 1. gate/up: each program computes a ``BLOCK_M x BLOCK_N`` tile of both the gate and the up
    projection of its block's tokens against its expert's ``w13``, and stores
    ``silu(gate) * up`` (the fused epilogue) into ``inter`` [N_pairs, I] at the pairs' rows;
@@ -20,9 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.models.moe.align import align_block_size
 from octavo.models.moe.configs import get_config
-from octavo.models.moe.kernels import ExpertsKernel
+from octavo.models.moe.kernels import ExpertsKernel, triton_routing
 
 
 @triton.jit
@@ -144,7 +145,7 @@ def fused_experts(
     if x.shape[1] != hidden or w2.shape != (num_experts, hidden, inter):
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
     cfg = config or get_config(num_experts, inter, hidden, num_tokens * top_k, x.dtype, top_k)
-    sorted_ids, block_experts, num_padded = align_block_size(ids, num_experts, cfg["BLOCK_M"])
+    sorted_ids, block_experts, num_padded = triton_routing.align(ids, num_experts, cfg["BLOCK_M"])
     num_pairs, num_slots = num_tokens * top_k, sorted_ids.numel()
     ieee = x.dtype == torch.float32
     x = x.contiguous()
@@ -180,6 +181,9 @@ class TritonGroupedExperts(ExpertsKernel):
     def validate(cls, dtype: torch.dtype) -> list[str]:
         ok = (torch.float16, torch.bfloat16, torch.float32)
         return [] if dtype in ok else [f"dtype {dtype} is not one of float16, bfloat16, float32"]
+
+    def route(self, router_logits, top_k, renormalize, expert_start, num_local):
+        return triton_routing.route(router_logits, top_k, renormalize, expert_start, num_local)
 
     def apply(self, x, w13, w2, weights, ids):
         return fused_experts(x, w13, w2, weights, ids)
