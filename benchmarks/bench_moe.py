@@ -140,7 +140,8 @@ def cmd_kernel(args) -> dict:
     if dev == "cuda":
         r["bandwidth_Bps"] = bench_cuda.cmd_bandwidth(args)["bandwidth_Bps"]
         torch.cuda.empty_cache()
-        from octavo.models.moe.kernels.triton_grouped import TritonGroupedExperts, fused_experts
+        from octavo.models.moe.kernels.triton_gemm import fused_experts
+        from octavo.models.moe.kernels.triton_grouped import TritonGroupedExperts
 
         kernels["grouped"] = TritonGroupedExperts(dtype)
 

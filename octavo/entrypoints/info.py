@@ -93,7 +93,7 @@ def _moe_info(p, cfg) -> dict[str, str]:
         pc.enable_expert_parallel, cfg.scheduler_config.max_num_batched_tokens,
     )
     try:
-        kernel, skipped = choose_kernel(p.moe_backend_priority, p.device_type, mc.dtype)
+        kernel, skipped = choose_kernel(p, mc.dtype)
     except ValueError as e:
         info["moe kernel"] = f"none can run: {e}"
         return info

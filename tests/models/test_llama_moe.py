@@ -104,3 +104,25 @@ def test_moe_fp32_on_gpu_identical_to_cpu(arch, enforce_eager, checkpoints, monk
     assert "kernel triton_grouped" in llm.llm_engine.core.executor.worker_infos[0]["moe"]
     assert (llm.llm_engine.core.runner.graph_runner is None) == enforce_eager
     assert gpu_tokens == cpu_tokens
+
+
+def test_moe_refused_even_when_the_method_exists_for_dense_models(checkpoints, tmp_path, monkeypatch):
+    """Once a method is registered (dense layers), MoE checkpoints using it are still refused:
+    the expert kernels have no quantized path."""
+    import json
+    import shutil
+
+    from octavo import quantization
+    from octavo.platforms.cpu import CpuPlatform
+
+    monkeypatch.setitem(quantization.QUANTIZATION_METHODS, "fp8", "octavo.quantization.fp8.Fp8Method")
+    monkeypatch.setattr(CpuPlatform, "supported_quantization", ("fp8",))
+    dst = tmp_path / "fp8_moe"
+    shutil.copytree(checkpoints["mixtral"], dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8"}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="'fp8' is not supported for mixture-of-experts models"):
+        LLM(str(dst), dtype="float32")
+    with pytest.raises(ValueError, match="'fp8' is not supported for mixture-of-experts models"):
+        LLM(checkpoints["mixtral"], dtype="float32", quantization="fp8")

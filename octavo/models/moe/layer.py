@@ -40,7 +40,7 @@ def make_kernel(dtype: torch.dtype) -> ExpertsKernel:
     """The platform's MoE kernel for ``dtype`` (chosen once per layer build, logged once)."""
     from octavo.platforms import current_platform
 
-    cls, skipped = choose_kernel(current_platform.moe_backend_priority, current_platform.device_type, dtype)
+    cls, skipped = choose_kernel(current_platform, dtype)
     kernel = cls(dtype)
     key = (kernel.describe(), str(dtype))
     if key not in _LOGGED:

@@ -19,6 +19,8 @@ from octavo.models.moe.kernels.torch_ref import TorchRefExperts
 from octavo.models.moe.router import select_experts
 
 HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:  # before anything imports triton (it reads this once, at import)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def make_case(tokens, experts, top_k, hidden, inter, dtype=torch.float32, device="cpu", seed=0, dropped=0):
@@ -94,12 +96,10 @@ def test_cpu_grouped_bf16_policy():
 
 
 def _triton():
-    if not HAS_GPU:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
-    from octavo.models.moe.kernels import triton_grouped
+    from octavo.models.moe.kernels import triton_gemm
 
-    return triton_grouped
+    return triton_gemm
 
 
 @pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import ClassVar
+from typing import Any
 
 import torch
 
+from octavo.models.moe.kernels.base import ExpertsKernel
+
 logger = logging.getLogger(__name__)
+
+__all__ = ["KERNELS", "ExpertsKernel", "choose_kernel", "resolve_kernel"]
 
 KERNELS: dict[str, str] = {
     "torch_ref": "octavo.models.moe.kernels.torch_ref.TorchRefExperts",
@@ -28,46 +32,6 @@ KERNELS: dict[str, str] = {
 }
 
 PACKAGE_REQUIREMENTS: dict[str, tuple[str, ...]] = {"triton_grouped": ("triton",)}
-
-
-class ExpertsKernel:
-    """One way of running the experts over a routed batch (see the module docstring)."""
-
-    name: ClassVar[str] = "abstract"
-    # torch device types this kernel runs on; None: any.
-    supported_device_types: ClassVar[tuple[str, ...] | None] = None
-
-    @classmethod
-    def validate(cls, dtype: torch.dtype) -> list[str]:
-        """Reasons this kernel cannot run ``dtype`` weights (empty when it can)."""
-        return []
-
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-
-    def describe(self) -> str:
-        return self.name
-
-    def route(
-        self, router_logits: torch.Tensor, top_k: int, renormalize: bool, expert_start: int, num_local: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights [T, k] float32, local ids [T, k]): ``select_experts``, then global ids
-        mapped to this rank's experts ``[expert_start, expert_start + num_local)``; any other
-        expert becomes ``num_local`` (computed elsewhere). Kernels may fuse this."""
-        from octavo.models.moe.router import select_experts, to_local_ids
-
-        weights, ids = select_experts(router_logits, top_k, renormalize)
-        return weights, to_local_ids(ids, expert_start, num_local, router_logits.shape[-1])
-
-    def apply(
-        self,
-        x: torch.Tensor,
-        w13: torch.Tensor,
-        w2: torch.Tensor,
-        weights: torch.Tensor,
-        ids: torch.Tensor,
-    ) -> torch.Tensor:
-        raise NotImplementedError
 
 
 def resolve_kernel(name_or_path: str) -> type[ExpertsKernel]:
@@ -79,9 +43,9 @@ def resolve_kernel(name_or_path: str) -> type[ExpertsKernel]:
 
 
 def _reasons(name: str, device_type: str, dtype: torch.dtype) -> tuple[type[ExpertsKernel] | None, list[str]]:
-    from octavo.platforms.interface import package_available
+    from octavo.utils import packages
 
-    missing = [p for p in PACKAGE_REQUIREMENTS.get(name, ()) if not package_available(p)]
+    missing = [p for p in PACKAGE_REQUIREMENTS.get(name, ()) if not packages.package_available(p)]
     if missing:
         return None, [f"package {m!r} is not installed" for m in missing]
     try:
@@ -96,14 +60,16 @@ def _reasons(name: str, device_type: str, dtype: torch.dtype) -> tuple[type[Expe
 
 
 def choose_kernel(
-    priority: tuple[str, ...], device_type: str, dtype: torch.dtype, forced: str | None = None
+    platform: Any, dtype: torch.dtype, forced: str | None = None
 ) -> tuple[type[ExpertsKernel], dict[str, list[str]]]:
-    """(kernel class, {skipped kernel: reasons}): the first of ``priority`` that can run.
+    """(kernel class, {skipped kernel: reasons}): the first of the platform's
+    ``moe_backend_priority`` that can run on its devices.
 
     ``forced`` (or ``OCTAVO_MOE_BACKEND``) names one; if it cannot run, ``ValueError`` lists why.
     """
     from octavo import envs
 
+    priority, device_type = platform.moe_backend_priority, platform.device_type
     forced = forced or envs.OCTAVO_MOE_BACKEND
     if forced:
         cls, reasons = _reasons(forced, device_type, dtype)

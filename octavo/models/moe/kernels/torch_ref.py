@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from octavo.models.moe.kernels import ExpertsKernel
+from octavo.models.moe.kernels.base import ExpertsKernel
 
 
 class TorchRefExperts(ExpertsKernel):
