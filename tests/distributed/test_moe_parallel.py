@@ -36,6 +36,7 @@ def _generate(path: str, tp: int, ep: bool = False) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
+@pytest.mark.usefixtures("cpu_platform")
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_moe_tp2_and_expert_parallel_match_tp1(arch, checkpoints):
     path = checkpoints[arch]
@@ -44,6 +45,21 @@ def test_moe_tp2_and_expert_parallel_match_tp1(arch, checkpoints):
     assert _generate(path, 2, ep=True) == reference
 
 
+@pytest.mark.usefixtures("cpu_platform")
 def test_expert_parallel_refused_for_dense_models(llama_dir):
     with pytest.raises(ValueError, match="enable-expert-parallel.*no experts"):
         LLM(llama_dir, enable_expert_parallel=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe"])
+def test_moe_tp2_and_expert_parallel_on_two_gpus(arch, checkpoints):
+    """NCCL and the Triton kernels: fp32 TP=2 and TP=2+EP greedy tokens equal TP=1's."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    path = checkpoints[arch]
+    reference = _generate(path, 1)
+    assert _generate(path, 2) == reference
+    assert _generate(path, 2, ep=True) == reference

@@ -15,6 +15,7 @@ LENGTHS = [1, 16, 17, 40, 100]
 MAX_TOKENS = 10
 
 
+@pytest.mark.usefixtures("cpu_platform")
 @pytest.mark.parametrize("arch", MOE_ARCHS)
 def test_moe_greedy_matches_transformers(arch, checkpoints):
     path = checkpoints[arch]
@@ -59,6 +60,7 @@ def test_moe_structure_follows_config(checkpoints):
     torch.testing.assert_close(moe(x), ref(x[None])[0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("cpu_platform")
 def test_quantized_moe_checkpoint_is_refused(checkpoints, tmp_path):
     """A MoE checkpoint with a quantization_config is refused before any weight is read."""
     import json
@@ -106,6 +108,7 @@ def test_moe_fp32_on_gpu_identical_to_cpu(arch, enforce_eager, checkpoints, monk
     assert gpu_tokens == cpu_tokens
 
 
+@pytest.mark.usefixtures("cpu_platform")
 def test_moe_refused_even_when_the_method_exists_for_dense_models(checkpoints, tmp_path, monkeypatch):
     """Once a method is registered (dense layers), MoE checkpoints using it are still refused:
     the expert kernels have no quantized path."""
