@@ -1,7 +1,7 @@
 """Expert kernels: name -> qualified class path, imported only when chosen.
 
 Every kernel computes, for tokens ``x`` [T, H] and their routing (``weights`` [T, k] float32,
-``ids`` [T, k] int64 local expert ids, where ``num_local_experts`` means "not on this rank"):
+``ids`` [T, k] integer local expert ids, where ``num_local_experts`` means "not on this rank"):
 
     out[t] = sum_j weights[t, j] * down_e( silu(gate_e(x[t])) * up_e(x[t]) ),  e = ids[t, j]
 

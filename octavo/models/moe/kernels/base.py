@@ -44,4 +44,6 @@ class ExpertsKernel:
         weights: torch.Tensor,
         ids: torch.Tensor,
     ) -> torch.Tensor:
+        """[T, H] in ``x.dtype``: the routed experts' weighted sum for every token (this rank's
+        experts only; pairs with id ``w13.shape[0]`` contribute zero)."""
         raise NotImplementedError
