@@ -22,7 +22,8 @@ Config = dict[str, int]
 # Hopper, reasoned from the shape (not yet measured); replace them with what the sweep prints.
 TUNED: dict[tuple[str, torch.dtype, int, int, int], list[tuple[int, Config]]] = {
     ("H200", torch.bfloat16, 128, 768, 2048): [
-        (64, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)),
+        # Decode: ~M/E pairs per expert; narrow N tiles put more SMs on the weight stream.
+        (64, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)),
         (512, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)),
         (4096, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)),
         (1 << 62, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)),
