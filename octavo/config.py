@@ -96,6 +96,8 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
+    # Mixture-of-experts layers place whole experts on ranks instead of sharding each expert.
+    enable_expert_parallel: bool = False
 
 
 @dataclass(frozen=True)

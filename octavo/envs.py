@@ -40,6 +40,10 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _str("OCTAVO_ATTENTION_BACKEND", None),
         "Force an attention backend by name (torch_ref, cpu_paged, triton_paged, ...).",
     ),
+    "OCTAVO_MOE_BACKEND": (
+        _str("OCTAVO_MOE_BACKEND", None),
+        "Force the mixture-of-experts kernel by name (torch_ref, cpu_grouped, triton_grouped).",
+    ),
     "OCTAVO_CPU_KVCACHE_SPACE": (
         _float("OCTAVO_CPU_KVCACHE_SPACE", 4.0),
         "GiB of host memory for the KV cache on the CPU platform.",

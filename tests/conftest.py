@@ -10,6 +10,7 @@ os.environ.setdefault("OCTAVO_CPU_KVCACHE_SPACE", "0.25")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
+MOE_ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.fixture

@@ -19,6 +19,8 @@ from octavo.distributed.communicator import Communicator, create_communicator, t
 logger = logging.getLogger(__name__)
 
 _TP: Communicator = create_communicator("gloo", None, 0, 1)
+# --enable-expert-parallel: MoE layers place whole experts on ranks instead of sharding each.
+_EXPERT_PARALLEL = False
 
 
 def init_distributed(
@@ -54,8 +56,19 @@ def get_tp() -> Communicator:
     return _TP
 
 
+def set_expert_parallel(enabled: bool) -> None:
+    """Record ``--enable-expert-parallel`` for the MoE layers built in this process."""
+    global _EXPERT_PARALLEL
+    _EXPERT_PARALLEL = bool(enabled)
+
+
+def expert_parallel_enabled() -> bool:
+    return _EXPERT_PARALLEL
+
+
 def destroy_distributed() -> None:
-    global _TP
+    global _TP, _EXPERT_PARALLEL
+    _EXPERT_PARALLEL = False
     if dist.is_initialized():
         dist.destroy_process_group()
     _TP = create_communicator("gloo", None, 0, 1)

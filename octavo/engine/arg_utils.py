@@ -82,6 +82,7 @@ class EngineArgs:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     distributed_executor_backend: str = "mp"
+    enable_expert_parallel: bool = False
     enforce_eager: bool = False
     # None: on for accelerators with one device, off on CPU (where a step runs synchronously).
     async_scheduling: bool | None = None
@@ -128,6 +129,7 @@ class EngineArgs:
                 tensor_parallel_size=self.tensor_parallel_size,
                 pipeline_parallel_size=self.pipeline_parallel_size,
                 distributed_executor_backend=self.distributed_executor_backend,
+                enable_expert_parallel=self.enable_expert_parallel,
             ),
             enforce_eager=self.enforce_eager,
         )
@@ -147,15 +149,29 @@ class EngineArgs:
             served_model_name=self.served_model_name or (self.model or "octavo-default"),
             hf_config=hf_config,
             sampling_defaults=self._sampling_defaults(model_dir),
-            quantization=self._quantization(hf_config),
+            quantization=self._quantization(hf_config, arch),
         )
 
-    def _quantization(self, hf_config: Any) -> str | None:
+    def _quantization(self, hf_config: Any, arch: str) -> str | None:
         """The method in effect; a method octavo cannot honour is refused here, at load."""
-        return resolve_quantization(
+        from octavo.models.registry import MOE_ARCHITECTURES
+
+        method = resolve_quantization(
             self.quantization, getattr(hf_config, "quantization_config", None),
             current_platform.name, current_platform.supported_quantization,
         )
+        moe = arch in MOE_ARCHITECTURES
+        if method is not None and moe:
+            raise ValueError(
+                f"quantization method {method!r} is not supported for mixture-of-experts models "
+                f"({arch}): the expert kernels run bfloat16, float16 or float32 weights only"
+            )
+        if self.enable_expert_parallel and not moe:
+            raise ValueError(
+                f"{flag('enable_expert_parallel')} applies to mixture-of-experts models; {arch} has no "
+                f"experts (MoE architectures: {', '.join(sorted(MOE_ARCHITECTURES))})"
+            )
+        return method
 
     def _dtype(self, hf_config: Any) -> torch.dtype:
         """``auto``: the platform's choice for the checkpoint's dtype; else the flag, if supported."""
@@ -257,6 +273,11 @@ class EngineArgs:
         parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
         parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
         parser.add_argument("--distributed-executor-backend", default="mp", choices=["mp", "ray"])
+        parser.add_argument(
+            "--enable-expert-parallel", action="store_true",
+            help="Mixture-of-experts models: each tensor-parallel rank holds E/N whole experts "
+            "(default: every expert is sharded across the ranks like a dense MLP).",
+        )
         parser.add_argument("--enforce-eager", action="store_true")
         parser.add_argument(
             "--quantization", "-q", default=None,

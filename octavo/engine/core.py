@@ -64,6 +64,9 @@ class EngineCore:
             self.executor.model_bytes / 2**20,
             self.startup_seconds,
         )
+        for rank, info in enumerate(self.executor.worker_infos):
+            if info.get("moe"):
+                logger.info("rank %d: %s", rank, info["moe"])
 
     @property
     def runner(self):

@@ -13,7 +13,9 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def collect_info(model: str | None = None) -> dict[str, str]:
+def collect_info(
+    model: str | None = None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False
+) -> dict[str, str]:
     """Everything ``octavo info`` prints, as ordered (label, explanation) pairs."""
     import torch
 
@@ -40,7 +42,9 @@ def collect_info(model: str | None = None) -> dict[str, str]:
     comm = p.get_communicator()
     info["communicator"] = f"{comm} [torch.distributed backend {p.get_dist_backend()}]"
     try:
-        cfg = EngineArgs(model=model).create_engine_config()
+        cfg = EngineArgs(
+            model=model, tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel
+        ).create_engine_config()
     except ValueError as e:
         info["graphs"] = str(p.get_graph_capture())
         info["model"] = f"unavailable: {e}"
@@ -67,4 +71,48 @@ def collect_info(model: str | None = None) -> dict[str, str]:
     info["attention"] = f"{backend.name} ({detail}; {how})"
     for name, reasons in skipped.items():
         info[f"  not {name}"] = "; ".join(reasons)
+    info.update(_moe_info(p, cfg))
+    return info
+
+
+def _moe_info(p, cfg) -> dict[str, str]:
+    """Experts, their placement per rank, weights per rank and the MoE kernel (MoE models)."""
+    import torch
+
+    from octavo.models.registry import MOE_ARCHITECTURES
+
+    mc = cfg.model_config
+    if mc.architecture not in MOE_ARCHITECTURES:
+        return {}
+    from octavo.models.moe.kernels import choose_kernel
+    from octavo.models.moe.summary import moe_summary
+
+    pc = cfg.parallel_config
+    info = moe_summary(
+        mc.hf_config, torch.empty((), dtype=mc.dtype).element_size(), pc.tensor_parallel_size,
+        pc.enable_expert_parallel, cfg.scheduler_config.max_num_batched_tokens,
+    )
+    try:
+        kernel, skipped = choose_kernel(p, mc.dtype)
+    except ValueError as e:
+        info["moe kernel"] = f"none can run: {e}"
+        return info
+    info["moe kernel"] = kernel(mc.dtype).describe() + f" (priority {', '.join(p.moe_backend_priority)})"
+    for name, reasons in skipped.items():
+        info[f"  not {name}"] = "; ".join(reasons)
+    return info
+
+
+def models_info() -> dict[str, str]:
+    """``octavo info --models``: every architecture octavo runs and the MoE flags."""
+    from octavo.models.registry import MOE_ARCHITECTURES, supported_architectures
+
+    info = {}
+    for arch in supported_architectures():
+        info[arch] = "mixture of experts" if arch in MOE_ARCHITECTURES else "dense"
+    info["MoE flags"] = (
+        "--tensor-parallel-size N shards every expert over N ranks; --enable-expert-parallel "
+        "places E/N whole experts per rank instead; OCTAVO_MOE_BACKEND forces the kernel "
+        "(torch_ref, cpu_grouped, triton_grouped)"
+    )
     return info

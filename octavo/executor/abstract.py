@@ -12,6 +12,7 @@ class WorkerDiedError(RuntimeError):
 class Executor:
     attn_backend_name: str = "?"
     model_bytes: int = 0
+    worker_infos: tuple[dict, ...] = ()  # Worker.info() of every rank, rank order
     load_seconds: float = 0.0  # weight loading, slowest worker
     # Launching a step returns before the device finishes it (async scheduling overlaps the
     # host work of the next step with it).

@@ -75,6 +75,7 @@ def engine_args_dict(config: OctavoConfig) -> dict:
         enable_chunked_prefill=sc.enable_chunked_prefill,
         tensor_parallel_size=pc.tensor_parallel_size,
         distributed_executor_backend=pc.distributed_executor_backend,
+        enable_expert_parallel=pc.enable_expert_parallel,
         enforce_eager=config.enforce_eager,
     )
 
@@ -95,6 +96,7 @@ class MultiprocExecutor(DistributedExecutor):
             self.procs.append(p)
             self.conns.append(parent)
         infos = self._collect(timeout=None)
+        self.worker_infos = tuple(infos)
         self.attn_backend_name = infos[0]["attn_backend"]
         self.model_bytes = sum(i["model_bytes"] for i in infos)
         self.load_seconds = max(i["load_seconds"] for i in infos)

@@ -67,6 +67,7 @@ class RayExecutor(DistributedExecutor):
             for rank in range(world)
         ]
         infos = self._call("info")
+        self.worker_infos = tuple(infos)
         self.attn_backend_name = infos[0]["attn_backend"]
         self.model_bytes = sum(i["model_bytes"] for i in infos)
         self.load_seconds = max(i["load_seconds"] for i in infos)

@@ -13,6 +13,7 @@ class UniProcExecutor(Executor):
     def __init__(self, config: OctavoConfig) -> None:
         self.worker = Worker(config)
         info = self.worker.info()
+        self.worker_infos = (info,)
         self.attn_backend_name = info["attn_backend"]
         self.model_bytes = info["model_bytes"]
         self.load_seconds = info["load_seconds"]

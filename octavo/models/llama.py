@@ -44,6 +44,7 @@ class LlamaAttention(nn.Module):
         total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // total_heads
         bias = bool(getattr(cfg, "attention_bias", False)) or cfg.model_type == "qwen2"
+        bias = bias or (cfg.model_type == "qwen2_moe" and bool(getattr(cfg, "qkv_bias", True)))
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, self.head_dim, total_heads, total_kv_heads, bias)
         # Heads held by this tensor-parallel rank.
         self.num_heads = self.qkv_proj.num_heads
@@ -53,7 +54,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             total_heads * self.head_dim, cfg.hidden_size, bias=bool(getattr(cfg, "attention_bias", False))
         )
-        self.qk_norm = cfg.model_type == "qwen3"
+        self.qk_norm = cfg.model_type in ("qwen3", "qwen3_moe")
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -76,13 +77,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg):
+    def __init__(self, cfg, intermediate_size: int | None = None):
         super().__init__()
         act = getattr(cfg, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
         bias = bool(getattr(cfg, "mlp_bias", False))
-        inter = cfg.intermediate_size
+        inter = intermediate_size or cfg.intermediate_size
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, {"gate": inter, "up": inter}, bias)
         self.down_proj = RowParallelLinear(inter, cfg.hidden_size, bias=bias)
 
@@ -91,10 +92,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, backend, dtype, max_position):
+    def __init__(self, cfg, backend, dtype, max_position, mlp: nn.Module | None = None):
         super().__init__()
         self.self_attn = LlamaAttention(cfg, backend, dtype, max_position)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = mlp if mlp is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -110,11 +111,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg, backend, dtype, max_position):
+    def __init__(self, cfg, backend, dtype, max_position, make_mlp=None):
+        """``make_mlp(cfg, layer_index)`` may supply a layer's MLP (None: the dense one)."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, backend, dtype, max_position) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, backend, dtype, max_position, make_mlp(cfg, i) if make_mlp else None)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -142,10 +145,15 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, backend, dtype, max_position)
+        self.dtype = dtype
+        self.model = LlamaModel(cfg, backend, dtype, max_position, self.make_mlp)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+
+    def make_mlp(self, cfg, layer_index: int) -> nn.Module | None:
+        """The MLP of layer ``layer_index``; None builds the dense ``LlamaMLP``."""
+        return None
 
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]

@@ -11,13 +11,21 @@ import importlib
 from octavo.utils import plugins
 
 _LLAMA = "octavo.models.llama.LlamaForCausalLM"
+_MOE = "octavo.models.llama_moe"
 
 _MODELS: dict[str, str] = {
     "LlamaForCausalLM": _LLAMA,
     "MistralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": _LLAMA,
     "Qwen3ForCausalLM": _LLAMA,
+    # Mixtures of experts (octavo.models.moe)
+    "MixtralForCausalLM": f"{_MOE}.MixtralForCausalLM",
+    "Qwen2MoeForCausalLM": f"{_MOE}.Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": f"{_MOE}.Qwen3MoeForCausalLM",
 }
+
+# Architectures whose layers route tokens to experts (``--enable-expert-parallel`` applies).
+MOE_ARCHITECTURES = frozenset({"MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"})
 
 
 def register_model(architecture: str, class_path: str) -> None:

@@ -19,6 +19,7 @@ class CpuPlatform(Platform):
     device_type = "cpu"
     _supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float32, torch.float16)
     attn_backend_priority = ("cpu_paged", "torch_ref")
+    moe_backend_priority = ("cpu_grouped", "torch_ref")
     graph_capture = "none"
     graph_capture_reason = "CPU runs eagerly"
     communicator = "gloo"

@@ -110,6 +110,7 @@ class CudaLikePlatform(TorchDevicePlatform):
     auto_casts_float32 = True
     supported_block_sizes: ClassVar[tuple[int, ...]] = (16, 32, 64, 128, 256)
     default_block_size = 16
+    moe_backend_priority: ClassVar[tuple[str, ...]] = ("triton_grouped", "torch_ref")
 
     @classmethod
     def torch_module(cls):

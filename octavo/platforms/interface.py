@@ -127,6 +127,8 @@ class Platform:
     supported_quantization: ClassVar[tuple[str, ...]] = ()
     # Attention backends by priority: registered names or qualified class paths.
     attn_backend_priority: ClassVar[tuple[str, ...]] = ("torch_ref",)
+    # Mixture-of-experts kernels by priority: names in octavo.models.moe.kernels or class paths.
+    moe_backend_priority: ClassVar[tuple[str, ...]] = ("torch_ref",)
     graph_capture: ClassVar[str] = "none"
     graph_capture_reason: ClassVar[str] = "no graph capture on this platform"
     communicator: ClassVar[str] = "gloo"

@@ -84,6 +84,24 @@ def _peak_of(runner, lengths: list[int], kv: torch.Tensor, with_logits: bool) ->
     return max(0, platform.max_memory_allocated(device) - base)
 
 
+def _moe_peak(runner, num_tokens: int) -> int:
+    """What one MoE layer's grouped kernels hold at ``num_tokens`` tokens (0 for dense models).
+
+    Their buffers scale with tokens x top-k, not with the routing the dummy batch happens to
+    produce, so the budget never goes below them.
+    """
+    moe_layers = getattr(runner.model, "moe_layers", None)
+    moe = moe_layers() if callable(moe_layers) else []
+    if not moe:
+        return 0
+    peak = moe[0].activation_bytes(num_tokens)
+    logger.info(
+        "memory: MoE grouped kernels hold %.3f GiB at %d tokens (%d token-expert pairs per layer)",
+        peak / GiB, num_tokens, num_tokens * moe[0].top_k,
+    )
+    return peak
+
+
 def profile_kv_cache_budget(runner) -> int:
     """Bytes the KV cache may take on this accelerator (see the module docstring)."""
     from octavo.worker.cuda_graph import capture_sizes, graph_mode
@@ -101,7 +119,7 @@ def profile_kv_cache_budget(runner) -> int:
     shape = runner.attn_backend.get_kv_cache_shape(blocks, runner.block_size, runner.num_kv_heads_local, mc.head_size)
     kv = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
 
-    peak = _peak_of(runner, lengths, kv, with_logits=True)
+    peak = max(_peak_of(runner, lengths, kv, with_logits=True), _moe_peak(runner, num_tokens))
     graph_pool = 0
     if graphs:
         # Decode rows of one token each; captured graphs share one pool sized by the largest.

@@ -22,7 +22,7 @@ class Worker:
         local_rank: int = 0,
         init_method: str | None = None,
     ) -> None:
-        from octavo.distributed.parallel_state import init_distributed
+        from octavo.distributed.parallel_state import init_distributed, set_expert_parallel
         from octavo.platforms import current_platform
         from octavo.worker.model_runner import ModelRunner
 
@@ -32,6 +32,7 @@ class Worker:
         platform = current_platform
         platform.set_device(platform.device(local_rank))
         self.tp = init_distributed(platform.communicator, rank, world, init_method)
+        set_expert_parallel(config.parallel_config.enable_expert_parallel)
         platform.seed_everything(config.model_config.seed)
         self.runner = ModelRunner(config, platform, local_rank=local_rank)
         self.runner.load_model()
@@ -50,10 +51,14 @@ class Worker:
 
     def info(self) -> dict:
         r = self.runner
+        moe_layers = getattr(r.model, "moe_layers", None)
+        moe = moe_layers() if callable(moe_layers) else []
         return {
             "attn_backend": r.attn_backend.name,
             "model_bytes": r.model_bytes(),
             "load_seconds": r.load_seconds,
+            # Mixture-of-experts placement and kernel on this rank ("" for dense models).
+            "moe": f"{len(moe)} MoE layers, {moe[0].describe()}" if moe else "",
         }
 
     def shutdown(self) -> None:

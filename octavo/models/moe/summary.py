@@ -1,0 +1,96 @@
+"""What a mixture-of-experts model costs, from its config alone (``octavo info``, profiling).
+
+Counts parameters the way octavo lays them out: attention, norms and the router on every
+rank (attention sharded by heads), experts split over the tensor-parallel ranks (sharded or,
+with expert parallelism, whole experts per rank: the same bytes either way), embeddings split
+by vocabulary. "Active" weights are what one decode token reads: attention, router, its top-k
+experts and the shared expert of every sparse layer, dense MLPs elsewhere, and the LM head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from octavo.models.llama_moe import moe_spec
+from octavo.models.moe.layer import grouped_activation_bytes
+
+
+@dataclass(frozen=True)
+class MoECost:
+    total_params: int
+    expert_params: int
+    active_params: int  # read per decode token
+    params_per_rank: int
+    sparse_layers: int
+
+
+def moe_cost(cfg, tensor_parallel_size: int = 1) -> MoECost:
+    spec = moe_spec(cfg)
+    h, tp = cfg.hidden_size, tensor_parallel_size
+    heads = cfg.num_attention_heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    hd = getattr(cfg, "head_dim", None) or h // heads
+    attn = h * hd * (2 * heads + 2 * kv)
+    norms = 2 * h
+    dense_mlp = 3 * h * cfg.intermediate_size
+    expert = 3 * h * spec.intermediate_size
+    shared = (3 * h * spec.shared_intermediate_size + h) if spec.shared_intermediate_size else 0
+    router = spec.num_experts * h
+    sparse = [i for i in range(cfg.num_hidden_layers) if spec.is_sparse(i)]
+    n_dense = cfg.num_hidden_layers - len(sparse)
+    embed = cfg.vocab_size * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
+    experts = len(sparse) * spec.num_experts * expert
+    layers = cfg.num_hidden_layers * (attn + norms) + n_dense * dense_mlp + len(sparse) * (router + shared)
+    total = layers + experts + embed + h
+    active = layers + len(sparse) * spec.top_k * expert + cfg.vocab_size * h + h
+    per_rank = (
+        cfg.num_hidden_layers * (attn // tp + norms)
+        + n_dense * dense_mlp // tp
+        + len(sparse) * (router + shared // tp)
+        + experts // tp
+        + embed // tp
+        + h
+    )
+    return MoECost(total, experts, active, per_rank, len(sparse))
+
+
+def moe_summary(
+    cfg, dtype_bytes: int, tensor_parallel_size: int, expert_parallel: bool, max_num_batched_tokens: int
+) -> dict[str, str]:
+    """Labelled lines for ``octavo info``."""
+    spec = moe_spec(cfg)
+    cost = moe_cost(cfg, tensor_parallel_size)
+    gib = 2**30
+    tp = tensor_parallel_size
+    shared = f", shared expert I={spec.shared_intermediate_size}" if spec.shared_intermediate_size else ""
+    out = {
+        "experts": (
+            f"{cost.sparse_layers} of {cfg.num_hidden_layers} layers route to top-{spec.top_k} of "
+            f"{spec.num_experts} experts (I={spec.intermediate_size}, "
+            f"{'renormalised' if spec.renormalize else 'softmax'} weights{shared})"
+        ),
+    }
+    if expert_parallel and tp > 1:
+        out["expert placement"] = f"expert parallel: {spec.num_experts // tp} whole experts per rank over {tp} ranks"
+    elif tp > 1:
+        out["expert placement"] = (
+            f"tensor-sharded: all {spec.num_experts} experts on every rank, {spec.intermediate_size // tp} "
+            f"rows each (--enable-expert-parallel: {spec.num_experts // tp} whole experts per rank)"
+        )
+    else:
+        out["expert placement"] = "one rank holds every expert (--tensor-parallel-size N shards them)"
+    out["weights"] = (
+        f"{cost.total_params * dtype_bytes / gib:.2f} GiB total ({cost.expert_params * dtype_bytes / gib:.2f} "
+        f"GiB experts), {cost.params_per_rank * dtype_bytes / gib:.2f} GiB per rank at tp={tp}; "
+        f"{cost.active_params * dtype_bytes / gib:.2f} GiB active per decode token"
+    )
+    local_experts = spec.num_experts // tp if expert_parallel else spec.num_experts
+    local_inter = spec.intermediate_size if expert_parallel else spec.intermediate_size // tp
+    peak = grouped_activation_bytes(
+        max_num_batched_tokens, spec.top_k, local_experts, spec.num_experts, local_inter, cfg.hidden_size, dtype_bytes
+    )
+    out["moe activation peak"] = (
+        f"{peak / 2**20:.1f} MiB per MoE layer at {max_num_batched_tokens} batched tokens "
+        f"({max_num_batched_tokens * spec.top_k} token-expert pairs)"
+    )
+    return out
