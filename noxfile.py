@@ -26,6 +26,10 @@ VERSIONS = json.loads((DOCKER_DIR / "versions.json").read_text())
 PLATFORMS: dict[str, dict] = VERSIONS["platforms"]
 
 CPU_TORCH = f"torch=={PLATFORMS['cpu']['build_args']['TORCH_VERSION']}"  # torch==2.13.0
+# The CPU build's index: pip never sees PyPI's CUDA build of torch (and its nvidia-* wheels).
+# pip's own configuration (find-links, extra indexes) still applies, so a machine with a local
+# wheel cache installs the same pin from there when this index cannot be reached.
+CPU_TORCH_INDEX = PLATFORMS["cpu"]["torch_index_url"]
 PYTEST_NO_TESTS = 5  # pytest's exit code when nothing was collected
 DEVICE_MARKS = " or ".join(p for p in PLATFORMS if p != "cpu")  # cuda or rocm or xpu or tpu
 
@@ -74,7 +78,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(name="test-cpu")
 def test_cpu(session: nox.Session) -> None:
     """Every test not marked for an accelerator, on the CPU build of torch (CI runs this)."""
-    _install(session, "serve,test,cpu", CPU_TORCH)
+    _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
     _pytest(session, f"not ({DEVICE_MARKS})")
 
 
@@ -175,7 +179,7 @@ def bench_cpu(session: nox.Session) -> None:
     The model folder (config + tokenizer, no weights) comes from tools/make_smol_config.py.
     Arguments after `--` go to `octavo bench throughput` (later flags win).
     """
-    _install(session, "serve,cpu", CPU_TORCH)
+    _install(session, "serve,cpu", CPU_TORCH, CPU_TORCH_INDEX)
     model_dir = ROOT / ".nox" / "smol-135m"
     out_json = ROOT / "bench-results" / "bench-cpu-throughput.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)

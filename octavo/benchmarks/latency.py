@@ -39,7 +39,7 @@ _ids = itertools.count()
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.engine.arg_utils import EngineArgs
+    from octavo.entrypoints.engine_cli import add_engine_args
 
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=32)
@@ -48,7 +48,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-iters", type=int, default=10)
     add_backend_args(parser)
     rep.add_report_args(parser)
-    EngineArgs.add_cli_args(parser)
+    add_engine_args(parser)
 
 
 def octavo_iteration(engine: Any, requests: list[SampleRequest], output_len: int) -> dict[str, Any]:

@@ -34,7 +34,7 @@ SUMMARY_KEYS = [
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.engine.arg_utils import EngineArgs
+    from octavo.entrypoints.engine_cli import add_engine_args
 
     parser.add_argument("--dataset", default="random",
                         help="random (token ids of exact lengths), sharegpt (the small synthetic "
@@ -46,7 +46,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     add_backend_args(parser)
     rep.add_report_args(parser)
-    EngineArgs.add_cli_args(parser)
+    add_engine_args(parser)
 
 
 def _sampling_params(n: int) -> Any:
