@@ -90,18 +90,18 @@ def hf_iteration(model: Any, tokenizer: Any, requests: list[SampleRequest], outp
             "itl_s": r["itl_s"], "output_tokens": r["output_tokens"]}
 
 
-def summarize(iters: list[dict[str, Any]]) -> dict[str, float]:
+def summarize(iters: list[dict[str, Any]]) -> dict[str, float | int]:
     ttft = [x for it in iters for x in it["ttft_s"]]
     tpot = [x for it in iters for x in it["tpot_s"]]
     itl = [x for it in iters for x in it["itl_s"]]
     e2e = [it["e2e_s"] for it in iters]
-    s: dict[str, float] = {}
+    s: dict[str, float | int] = {}
     s.update(rep.percentiles(ttft, "ttft_ms", 1e3))
     s.update(rep.percentiles(tpot, "tpot_ms", 1e3))
     s.update(rep.percentiles(itl, "itl_ms", 1e3))
     s.update(rep.percentiles(e2e, "e2e_s"))
     s["output_tok_per_s"] = sum(it["output_tokens"] for it in iters) / sum(e2e)
-    s["output_tokens_per_iter"] = float(iters[-1]["output_tokens"])
+    s["output_tokens_per_iter"] = int(iters[-1]["output_tokens"])
     return {k: v for k, v in s.items() if not k.startswith(("min_", "max_", "std_"))}
 
 

@@ -293,12 +293,12 @@ def compute_metrics(results: list[RequestResult], duration: float,
     tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
-    m: dict[str, float] = {
-        "completed": float(len(ok)),
-        "failed": float(len(results) - len(ok)),
+    m: dict[str, float | int] = {
+        "completed": len(ok),  # counts are ints: printed "8", not "8.00"
+        "failed": len(results) - len(ok),
         "duration_s": duration,
-        "total_input_tokens": float(in_tokens),
-        "total_output_tokens": float(out_tokens),
+        "total_input_tokens": int(in_tokens),
+        "total_output_tokens": int(out_tokens),
         "request_throughput_req_s": len(ok) / duration,
         "output_throughput_tok_s": out_tokens / duration,
         "total_token_throughput_tok_s": (in_tokens + out_tokens) / duration,

@@ -135,9 +135,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res = results[b]
         med = median_run(res["runs"], "output_tok_per_s")
         summary = {k: float(med[k]) for k in SUMMARY_KEYS}
-        summary["num_requests"] = float(med["num_requests"])
-        summary["total_input_tokens"] = float(med["prompt_tokens"])
-        summary["total_output_tokens"] = float(med["output_tokens"])
+        # Counts stay ints (printed "8", not "8.00").
+        summary["num_requests"] = int(med["num_requests"])
+        summary["total_input_tokens"] = int(med["prompt_tokens"])
+        summary["total_output_tokens"] = int(med["output_tokens"])
         summary.update(res["summary"])  # load and startup times, measured before the runs
         res["summary"] = summary
 
