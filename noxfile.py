@@ -108,6 +108,49 @@ for _platform in PLATFORMS:
         _device_session(_platform)
 
 
+# The oldest and newest Python that pyproject.toml claims (requires-python and classifiers).
+PYTHON_RANGE = ["3.10", "3.13"]
+# Modules that import without torch: the CLI front end, config-free helpers, benchmarks' parsers.
+TORCH_FREE_MODULES = [
+    "octavo", "octavo.envs", "octavo.sampling_params", "octavo.utils.extras", "octavo.cpu_isa",
+    "octavo.entrypoints.cli", "octavo.entrypoints.engine_cli", "octavo.entrypoints.preflight",
+    "octavo.entrypoints.openai.cli_args", "octavo.benchmarks.serve", "octavo.benchmarks.remote_tokenizer",
+]
+
+
+@nox.session(name="python-range", python=PYTHON_RANGE)
+def python_range(session: nox.Session) -> None:
+    """The package on the oldest and newest claimed Python, without torch.
+
+    Byte-compiles every module (syntax), installs octavo with ``--no-deps`` and
+    ``OCTAVO_SKIP_CPU_EXT=1`` (metadata and packaging), imports the torch-free modules, checks
+    that ``octavo --help`` parses every flag, and that the installed metadata claims this
+    Python. A full run of the test suite on these versions needs a torch wheel for them
+    (``pip install torch --index-url`` the CPU index): ``nox -s test-cpu --python 3.13``
+    works on a machine that can download one.
+    """
+    if session.venv_backend == "none":
+        session.error("python-range needs its own virtualenvs (one per Python)")
+    session.run("python", "-m", "compileall", "-q", "octavo", "tools", "benchmarks")
+    session.install("numpy>=1.24", "packaging")  # octavo.benchmarks imports numpy
+    session.install("--no-deps", ".", env={"OCTAVO_SKIP_CPU_EXT": "1"})
+    probe = (
+        "import importlib, importlib.metadata as md, sys\n"
+        "from packaging.specifiers import SpecifierSet\n"
+        f"mods = {TORCH_FREE_MODULES!r}\n"
+        "for m in mods: importlib.import_module(m)\n"
+        "assert 'torch' not in sys.modules, 'a torch-free module imported torch'\n"
+        "meta = md.metadata('octavo')\n"
+        "v = '.'.join(map(str, sys.version_info[:2]))\n"
+        "assert sys.version.split()[0] in SpecifierSet(meta['Requires-Python']), meta['Requires-Python']\n"
+        "assert f'Programming Language :: Python :: {v}' in meta.get_all('Classifier'), v\n"
+        "assert meta['License-Expression'] == 'Apache-2.0', meta['License-Expression']\n"
+        "print(f'python {v}: {len(mods)} torch-free modules import; metadata ok')\n"
+    )
+    session.run("python", "-c", probe)
+    session.run("octavo", "serve", "--help", silent=True)
+
+
 @nox.session(name="docker-lint")
 def docker_lint(session: nox.Session) -> None:
     """hadolint (from PyPI) on every docker/Dockerfile.*: no finding above `info` passes."""
