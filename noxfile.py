@@ -46,9 +46,13 @@ def _install(
 ) -> None:
     if session.venv_backend == "none":
         return  # --no-venv: the image or machine provides the stack
+    # silent=False: pip's own progress shows while torch downloads and the kernels compile.
     if torch_spec:
-        session.install(torch_spec, *(["--index-url", index_url] if index_url else []))
-    session.install("-e", f".[{extra}]")
+        session.log(f"installing {torch_spec} from {index_url or 'the configured index'}")
+        session.install(torch_spec, *(["--index-url", index_url] if index_url else []), silent=False)
+    session.log("installing octavo: the C++ CPU kernels compile first (about a minute per ISA variant; "
+                "OCTAVO_CPU_EXT_VARIANTS=avx2,scalar builds fewer, OCTAVO_SKIP_CPU_EXT=1 none)")
+    session.install("-e", f".[{extra}]", silent=False)
 
 
 def _pytest(session: nox.Session, marks: str) -> None:

@@ -98,6 +98,9 @@ class _RecordingSession:
     def run(self, *args: str, **_: object) -> None:
         pass
 
+    def log(self, *_: object) -> None:
+        pass
+
 
 def test_nox_test_cpu_takes_torch_from_the_cpu_index():
     pytest.importorskip("nox")
