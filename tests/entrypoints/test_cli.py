@@ -176,3 +176,19 @@ def test_generate_applies_generation_config_like_llm(llama_dir, tmp_path):
                            use_tqdm=False)[0]
     assert cli.stdout == prompt + sampled.outputs[0].text + "\n"
     assert greedy.stdout != cli.stdout  # the file's temperature is really applied
+
+
+def test_gpu_memory_utilization_on_cpu_is_not_silently_ignored(caplog):
+    import argparse
+
+    from octavo.entrypoints.preflight import warn_ignored
+    from octavo.platforms import current_platform
+
+    if current_platform.device_type != "cpu":
+        pytest.skip("CPU policy")
+    with caplog.at_level("WARNING"):
+        warn_ignored(argparse.Namespace(gpu_memory_utilization=0.9))
+    assert caplog.text == ""
+    with caplog.at_level("WARNING"):
+        warn_ignored(argparse.Namespace(gpu_memory_utilization=0.5))
+    assert "--gpu-memory-utilization has no effect on the CPU" in caplog.text
