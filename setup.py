@@ -131,9 +131,9 @@ def _cmdclass():
                 self.extensions = []
                 return
             self._total, self._started = len(self.extensions), time.monotonic()
-            _log(f"building the C++ CPU kernels: {self._total} ISA variants "
-                 f"({', '.join(e.name.split('_C_', 1)[1] for e in self.extensions)}); about a "
-                 "minute per variant per core (OCTAVO_CPU_EXT_VARIANTS=avx2,scalar builds fewer)")
+            _log(f"C++ CPU kernels, {self._total} ISA variants "
+                 f"({', '.join(e.name.split('_C_', 1)[1] for e in self.extensions)}): compiling one "
+                 "takes about a minute per core (OCTAVO_CPU_EXT_VARIANTS=avx2,scalar builds fewer)")
             self._failed: list = []
             super().build_extensions()
             # Later steps (in-place copy, wheel contents) list only what was built.
