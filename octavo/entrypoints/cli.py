@@ -16,7 +16,13 @@ from octavo.entrypoints.engine_cli import add_engine_args, resolve_model_arg
 from octavo.utils.extras import MissingExtraError, require_extra
 
 
+def _require_executor_extra(args: argparse.Namespace) -> None:
+    if getattr(args, "distributed_executor_backend", "mp") == "ray":
+        require_extra("ray", "--distributed-executor-backend ray")
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
+    _require_executor_extra(args)
     preflight.check_prompts(args.prompt)
     preflight.check_sampling(args)
     preflight.check_parallel(args.tensor_parallel_size)
@@ -78,6 +84,7 @@ def _add_bench_parser(sub) -> None:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     require_extra("serve", "`octavo serve`")
+    _require_executor_extra(args)
     from octavo import envs
 
     args.api_key = preflight.check_api_key(args, envs.OCTAVO_API_KEY)

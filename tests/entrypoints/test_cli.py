@@ -147,6 +147,7 @@ def test_no_api_key_on_a_public_host_warns(caplog):
 @pytest.mark.parametrize("hidden, argv, extra", [
     ("uvicorn", ["serve", "--port", "0"], "serve"),
     ("httpx", ["bench", "serve", "--num-prompts", "1"], "bench"),
+    ("ray", ["generate", "x", "--distributed-executor-backend", "ray"], "ray"),
 ])
 def test_missing_extra_is_one_line_naming_the_install(hidden, argv, extra):
     code = (f"import sys\nsys.modules[{hidden!r}] = None  # as if not installed\n"
