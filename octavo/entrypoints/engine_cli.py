@@ -96,7 +96,7 @@ def _kwargs(f: EngineField) -> dict[str, Any]:
 
 def _help(f: EngineField) -> str:
     text = f.help.replace("%", "%%") or "(undocumented)"
-    if f.default not in (None, False, True):
+    if f.default is not None and not isinstance(f.default, bool):  # (0 == False: test the type)
         text += " (default: %(default)s)"
     return text
 
