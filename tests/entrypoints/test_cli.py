@@ -59,7 +59,7 @@ def test_help_never_imports_torch(command):
 def test_engine_flags_are_engine_args_fields_with_help():
     import dataclasses
 
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.entrypoints.engine_cli import engine_fields
 
     parsed = {f.name: f for f in engine_fields()}
@@ -71,7 +71,7 @@ def test_engine_flags_are_engine_args_fields_with_help():
 
 
 def test_cli_flags_parse_to_engine_args():
-    from octavo.config import EngineArgs
+    from octavo.engine.arg_utils import EngineArgs
     from octavo.entrypoints.cli import build_parser
     from octavo.entrypoints.engine_cli import resolve_model_arg
 
