@@ -26,6 +26,10 @@ VERSIONS = json.loads((DOCKER_DIR / "versions.json").read_text())
 PLATFORMS: dict[str, dict] = VERSIONS["platforms"]
 
 CPU_TORCH = f"torch=={PLATFORMS['cpu']['build_args']['TORCH_VERSION']}"  # torch==2.13.0
+# The CPU build's index: pip never sees PyPI's CUDA build of torch (and its nvidia-* wheels).
+# pip's own configuration (find-links, extra indexes) still applies, so a machine with a local
+# wheel cache installs the same pin from there when this index cannot be reached.
+CPU_TORCH_INDEX = PLATFORMS["cpu"]["torch_index_url"]
 PYTEST_NO_TESTS = 5  # pytest's exit code when nothing was collected
 DEVICE_MARKS = " or ".join(p for p in PLATFORMS if p != "cpu")  # cuda or rocm or xpu or tpu
 
@@ -42,9 +46,13 @@ def _install(
 ) -> None:
     if session.venv_backend == "none":
         return  # --no-venv: the image or machine provides the stack
+    # silent=False: pip's own progress shows while torch downloads and the kernels compile.
     if torch_spec:
-        session.install(torch_spec, *(["--index-url", index_url] if index_url else []))
-    session.install("-e", f".[{extra}]")
+        session.log(f"installing {torch_spec} from {index_url or 'the configured index'}")
+        session.install(torch_spec, *(["--index-url", index_url] if index_url else []), silent=False)
+    session.log("installing octavo: the C++ CPU kernels compile first (about a minute per ISA variant; "
+                "OCTAVO_CPU_EXT_VARIANTS=avx2,scalar builds fewer, OCTAVO_SKIP_CPU_EXT=1 none)")
+    session.install("-e", f".[{extra}]", silent=False)
 
 
 def _pytest(session: nox.Session, marks: str) -> None:
@@ -74,7 +82,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(name="test-cpu")
 def test_cpu(session: nox.Session) -> None:
     """Every test not marked for an accelerator, on the CPU build of torch (CI runs this)."""
-    _install(session, "serve,test,cpu", CPU_TORCH)
+    _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
     _pytest(session, f"not ({DEVICE_MARKS})")
 
 
@@ -102,6 +110,49 @@ def _device_session(platform: str) -> None:
 for _platform in PLATFORMS:
     if _platform != "cpu":
         _device_session(_platform)
+
+
+# The oldest and newest Python that pyproject.toml claims (requires-python and classifiers).
+PYTHON_RANGE = ["3.10", "3.13"]
+# Modules that import without torch: the CLI front end, config-free helpers, benchmarks' parsers.
+TORCH_FREE_MODULES = [
+    "octavo", "octavo.envs", "octavo.sampling_params", "octavo.utils.extras", "octavo.cpu_isa",
+    "octavo.entrypoints.cli", "octavo.entrypoints.engine_cli", "octavo.entrypoints.preflight",
+    "octavo.entrypoints.openai.cli_args", "octavo.benchmarks.serve", "octavo.benchmarks.remote_tokenizer",
+]
+
+
+@nox.session(name="python-range", python=PYTHON_RANGE)
+def python_range(session: nox.Session) -> None:
+    """The package on the oldest and newest claimed Python, without torch.
+
+    Byte-compiles every module (syntax), installs octavo with ``--no-deps`` and
+    ``OCTAVO_SKIP_CPU_EXT=1`` (metadata and packaging), imports the torch-free modules, checks
+    that ``octavo --help`` parses every flag, and that the installed metadata claims this
+    Python. A full run of the test suite on these versions needs a torch wheel for them
+    (``pip install torch --index-url`` the CPU index): ``nox -s test-cpu --python 3.13``
+    works on a machine that can download one.
+    """
+    if session.venv_backend == "none":
+        session.error("python-range needs its own virtualenvs (one per Python)")
+    session.run("python", "-m", "compileall", "-q", "octavo", "tools", "benchmarks")
+    session.install("numpy>=1.24", "packaging")  # octavo.benchmarks imports numpy
+    session.install("--no-deps", ".", env={"OCTAVO_SKIP_CPU_EXT": "1"})
+    probe = (
+        "import importlib, importlib.metadata as md, sys\n"
+        "from packaging.specifiers import SpecifierSet\n"
+        f"mods = {TORCH_FREE_MODULES!r}\n"
+        "for m in mods: importlib.import_module(m)\n"
+        "assert 'torch' not in sys.modules, 'a torch-free module imported torch'\n"
+        "meta = md.metadata('octavo')\n"
+        "v = '.'.join(map(str, sys.version_info[:2]))\n"
+        "assert sys.version.split()[0] in SpecifierSet(meta['Requires-Python']), meta['Requires-Python']\n"
+        "assert f'Programming Language :: Python :: {v}' in meta.get_all('Classifier'), v\n"
+        "assert meta['License-Expression'] == 'Apache-2.0', meta['License-Expression']\n"
+        "print(f'python {v}: {len(mods)} torch-free modules import; metadata ok')\n"
+    )
+    session.run("python", "-c", probe)
+    session.run("octavo", "serve", "--help", silent=True)
 
 
 @nox.session(name="docker-lint")
@@ -175,7 +226,7 @@ def bench_cpu(session: nox.Session) -> None:
     The model folder (config + tokenizer, no weights) comes from tools/make_smol_config.py.
     Arguments after `--` go to `octavo bench throughput` (later flags win).
     """
-    _install(session, "serve,cpu", CPU_TORCH)
+    _install(session, "serve,cpu", CPU_TORCH, CPU_TORCH_INDEX)
     model_dir = ROOT / ".nox" / "smol-135m"
     out_json = ROOT / "bench-results" / "bench-cpu-throughput.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)

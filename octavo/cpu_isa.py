@@ -152,7 +152,10 @@ def select_variant(forced: str | None = None) -> tuple[str, str]:
         for v in ISA_VARIANTS[isa]:
             if variant_runs_here(v, feats) and _variant_built(v):
                 return v, f"best variant this CPU runs (features from {feats.get('source')})"
-    raise ImportError("octavo's C++ CPU kernels are not built (no octavo._C_* module)")
+    raise ImportError(
+        "octavo's C++ CPU kernels are not built (no octavo._C_* module: the install found no "
+        "working C++ compiler, or OCTAVO_SKIP_CPU_EXT=1 was set; reinstall with g++ to build them)"
+    )
 
 
 def _openmp_runtime_path() -> str | None:

@@ -429,9 +429,18 @@ chat-style APIs can be exercised.
 
 Produced by `tools/train_default_model.py` (see that file to rebuild it).
 
+## License
+
+* **Training data**: the source code of the CPython {versions['python']} standard library, which is
+  distributed under the **Python Software Foundation License Version 2** (PSF-2.0; SPDX
+  `PSF-2.0`), © Python Software Foundation. The weights and tokenizer are derived from
+  that text, so this card states `license: psf-2.0`.
+* **octavo** itself (the engine, and the script that trained this model) is Apache-2.0;
+  see the `LICENSE` file of the octavo distribution.
+
 ## Corpus
 
-* CPython {versions['python']} standard library: every `.py` file under `{root}`
+* CPython {versions['python']} standard library: every `.py` file in the interpreter's standard library directory (`sysconfig.get_paths()["stdlib"]`)
   in sorted order, skipping `site-packages/`, `test/`, `tests/` and `idle_test/`
   directories: **{n_files} files**, {n_chars:,} characters.
 * Each file's text is followed by `<|endoftext|>`; the files are tokenized and

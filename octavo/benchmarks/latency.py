@@ -39,7 +39,7 @@ _ids = itertools.count()
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.engine.arg_utils import EngineArgs
+    from octavo.entrypoints.engine_cli import add_engine_args
 
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--input-len", type=int, default=32)
@@ -48,7 +48,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-iters", type=int, default=10)
     add_backend_args(parser)
     rep.add_report_args(parser)
-    EngineArgs.add_cli_args(parser)
+    add_engine_args(parser)
 
 
 def octavo_iteration(engine: Any, requests: list[SampleRequest], output_len: int) -> dict[str, Any]:
@@ -90,18 +90,18 @@ def hf_iteration(model: Any, tokenizer: Any, requests: list[SampleRequest], outp
             "itl_s": r["itl_s"], "output_tokens": r["output_tokens"]}
 
 
-def summarize(iters: list[dict[str, Any]]) -> dict[str, float]:
+def summarize(iters: list[dict[str, Any]]) -> dict[str, float | int]:
     ttft = [x for it in iters for x in it["ttft_s"]]
     tpot = [x for it in iters for x in it["tpot_s"]]
     itl = [x for it in iters for x in it["itl_s"]]
     e2e = [it["e2e_s"] for it in iters]
-    s: dict[str, float] = {}
+    s: dict[str, float | int] = {}
     s.update(rep.percentiles(ttft, "ttft_ms", 1e3))
     s.update(rep.percentiles(tpot, "tpot_ms", 1e3))
     s.update(rep.percentiles(itl, "itl_ms", 1e3))
     s.update(rep.percentiles(e2e, "e2e_s"))
     s["output_tok_per_s"] = sum(it["output_tokens"] for it in iters) / sum(e2e)
-    s["output_tokens_per_iter"] = float(iters[-1]["output_tokens"])
+    s["output_tokens_per_iter"] = int(iters[-1]["output_tokens"])
     return {k: v for k, v in s.items() if not k.startswith(("min_", "max_", "std_"))}
 
 

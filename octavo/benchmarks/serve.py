@@ -39,6 +39,8 @@ from octavo.benchmarks.datasets import SampleRequest, get_requests
 logger = logging.getLogger(__name__)
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
+# What `octavo serve` with no model calls the shipped model (octavo.config).
+DEFAULT_SERVED_NAME = "octavo-default"
 
 
 @dataclass
@@ -62,7 +64,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                         help="model name to send (default: the first id from GET /v1/models)")
     parser.add_argument("--tokenizer", default=None,
                         help="tokenizer folder or cached Hub id for building prompts and counting "
-                             "tokens (default: --model, else the served model id)")
+                             "tokens (default: the shipped model for 'octavo-default', else --model or "
+                             "the served id as a local folder / cached Hub id, else the server's "
+                             "/tokenize and /detokenize)")
     parser.add_argument("--dataset", default="random",
                         help="random, sharegpt (the shipped synthetic file) or a ShareGPT JSON path")
     parser.add_argument("--input-len", type=int, default=128)
@@ -289,12 +293,12 @@ def compute_metrics(results: list[RequestResult], duration: float,
     tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_len for r in ok)
-    m: dict[str, float] = {
-        "completed": float(len(ok)),
-        "failed": float(len(results) - len(ok)),
+    m: dict[str, float | int] = {
+        "completed": len(ok),  # counts are ints: printed "8", not "8.00"
+        "failed": len(results) - len(ok),
         "duration_s": duration,
-        "total_input_tokens": float(in_tokens),
-        "total_output_tokens": float(out_tokens),
+        "total_input_tokens": int(in_tokens),
+        "total_output_tokens": int(out_tokens),
         "request_throughput_req_s": len(ok) / duration,
         "output_throughput_tok_s": out_tokens / duration,
         "total_token_throughput_tok_s": (in_tokens + out_tokens) / duration,
@@ -315,18 +319,42 @@ def compute_metrics(results: list[RequestResult], duration: float,
 
 
 def load_client_tokenizer(args: argparse.Namespace, model: str) -> Any:
-    from transformers import AutoTokenizer
+    """The tokenizer prompts are built and counted with, first match wins:
 
+    ``--tokenizer`` (a folder or cached Hub id; an error if it cannot load) → the served name
+    ``octavo-default`` (the model shipped inside octavo) → ``--model`` / the served name as a
+    local folder or cached Hub id → the server itself (``/tokenize`` + ``/detokenize``).
+    """
     from octavo.engine.model_files import resolve_model_path
 
-    name = args.tokenizer or args.model or model
+    if args.tokenizer:
+        return _auto_tokenizer(resolve_model_path, args.tokenizer)
+    if model == DEFAULT_SERVED_NAME:
+        return _auto_tokenizer(resolve_model_path, None)
+    try:
+        return _auto_tokenizer(resolve_model_path, model)
+    except ValueError as local_error:
+        from octavo.benchmarks.remote_tokenizer import RemoteTokenizer
+
+        try:
+            tok = RemoteTokenizer(args.base_url, model)
+        except Exception as e:  # noqa: BLE001  (httpx errors, a server without /tokenize)
+            raise ValueError(
+                f"{local_error}; and the server cannot tokenize either ({e}); pass --tokenizer "
+                "with a local folder or a cached Hub id"
+            ) from None
+        logger.info("tokenizer: %s has no local copy; tokenizing through %s/tokenize", model, args.base_url)
+        return tok
+
+
+def _auto_tokenizer(resolve_model_path, name: str | None) -> Any:
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(resolve_model_path(name))
     except Exception as e:  # noqa: BLE001
-        raise ValueError(
-            f"--tokenizer: cannot load a tokenizer from {name!r} ({e}); pass --tokenizer with a "
-            "local folder or a cached Hub id"
-        ) from None
+        shown = name or "the shipped model"
+        raise ValueError(f"--tokenizer: cannot load a tokenizer from {shown!r} ({e})") from None
 
 
 def plot_sweep(points: list[dict[str, Any]], path: str | Path, title: str = "") -> str:

@@ -34,7 +34,7 @@ SUMMARY_KEYS = [
 
 
 def add_cli_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.engine.arg_utils import EngineArgs
+    from octavo.entrypoints.engine_cli import add_engine_args
 
     parser.add_argument("--dataset", default="random",
                         help="random (token ids of exact lengths), sharegpt (the small synthetic "
@@ -46,7 +46,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     add_backend_args(parser)
     rep.add_report_args(parser)
-    EngineArgs.add_cli_args(parser)
+    add_engine_args(parser)
 
 
 def _sampling_params(n: int) -> Any:
@@ -135,9 +135,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res = results[b]
         med = median_run(res["runs"], "output_tok_per_s")
         summary = {k: float(med[k]) for k in SUMMARY_KEYS}
-        summary["num_requests"] = float(med["num_requests"])
-        summary["total_input_tokens"] = float(med["prompt_tokens"])
-        summary["total_output_tokens"] = float(med["output_tokens"])
+        # Counts stay ints (printed "8", not "8.00").
+        summary["num_requests"] = int(med["num_requests"])
+        summary["total_input_tokens"] = int(med["prompt_tokens"])
+        summary["total_output_tokens"] = int(med["output_tokens"])
         summary.update(res["summary"])  # load and startup times, measured before the runs
         res["summary"] = summary
 

@@ -25,7 +25,7 @@ from octavo.config import (
     ParallelConfig,
     SchedulerConfig,
 )
-from octavo.core.block_hash import HASH_ALGOS, get_hash_function
+from octavo.core.block_hash import get_hash_function
 from octavo.engine.model_files import (
     flag,
     load_hf_config,
@@ -61,38 +61,78 @@ def _check(cond: bool, name: str, rng: str, value: Any) -> None:
 
 @dataclass
 class EngineArgs:
+    """Every user-facing engine knob under its vLLM name. Each field's docstring is its
+    ``--flag`` help text (``octavo/entrypoints/engine_cli.py`` reads them from this source)."""
+
     model: str | None = None
+    """Model folder or cached Hugging Face Hub id (default: the small model shipped with octavo)."""
     tokenizer: str | None = None
-    served_model_name: str | None = None
+    """Tokenizer folder or cached Hub id (default: the model's own)."""
+    served_model_name: str | list[str] | None = None
+    """Name(s) the OpenAI API answers to; responses carry the first (default: the model argument, or octavo-default)."""
     dtype: str = "auto"
+    """Weight and activation dtype: auto (the checkpoint's, if the platform supports it), float32, bfloat16 or float16."""
     max_model_len: int | None = None
+    """Longest context (prompt + output) in tokens (default: the model's max_position_embeddings)."""
     seed: int = 0
+    """Random seed of the engine (weights of --load-format dummy, unseeded sampling)."""
     load_format: str = "auto"
+    """auto or safetensors: load the checkpoint's weights; dummy: random weights of the same shapes (benchmarks)."""
     block_size: int | None = None
+    """Tokens per KV cache block, a power of two up to 256 (default: the platform's)."""
     enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prompt prefixes across requests."""
     prefix_caching_hash_algo: str = "sha256"
+    """Block hash of the prefix cache: sha256 (cryptographic) or xxhash (faster, keyed 128-bit; needs the xxhash package)."""
     num_gpu_blocks_override: int | None = None
+    """Use exactly this many KV cache blocks instead of sizing the cache from memory."""
     gpu_memory_utilization: float = 0.9
+    """Fraction of accelerator memory octavo may use (weights + KV cache), in (0, 1]. The CPU sizes its cache from OCTAVO_CPU_KVCACHE_SPACE instead."""
     kv_cache_dtype: str = "auto"
+    """KV cache dtype: auto (the model dtype) or one the platform lists in `octavo info`."""
     max_num_batched_tokens: int | None = None
+    """Token budget of one engine step, prefill chunks and decodes together (default: 2048 or more)."""
     max_num_seqs: int = 256
+    """Most requests running at once."""
     scheduling_policy: str = "fcfs"
+    """fcfs: first come first served; priority: lower request priority values run first."""
     long_prefill_token_threshold: int = 0
+    """Cap on the prompt tokens one request may prefill per step (0: no cap)."""
     enable_chunked_prefill: bool = True
+    """Split long prompts into chunks that share steps with decodes."""
     tensor_parallel_size: int = 1
+    """Split every layer across this many devices (CPU: worker processes), at most the devices (cores) present."""
     pipeline_parallel_size: int = 1
+    """Reserved: must be 1."""
     distributed_executor_backend: str = "mp"
+    """How tensor-parallel workers start: mp (local processes) or ray (a Ray cluster; the ray extra)."""
     enable_expert_parallel: bool = False
+    """Mixture-of-experts models: each tensor-parallel rank holds E/N whole experts (default: every expert is sharded across the ranks like a dense MLP)."""
     enforce_eager: bool = False
-    # None: on for accelerators with one device, off on CPU (where a step runs synchronously).
+    """Never capture graphs (CUDA/HIP graphs, XLA compilation); run every step eagerly."""
     async_scheduling: bool | None = None
-    # "auto": request defaults from the model's generation_config.json; "vllm" (or "none"):
-    # none; else a folder holding a generation_config.json.
+    """Prepare the next step while the device runs the current one (default: on for one accelerator, off on CPU)."""
     generation_config: str = "auto"
-    # vLLM's --quantization: a method name, or None to follow the checkpoint's quantization_config.
+    """auto: default sampling parameters from the model's generation_config.json; vllm or none: ignore it; or a folder holding one."""
     quantization: str | None = None
+    """Quantization method (vLLM's names). Default: the checkpoint's quantization_config, if any. A method octavo cannot run is refused at load, never silently ignored."""
+    trust_remote_code: bool = False
+    """Accepted for vLLM compatibility; octavo never runs a checkpoint's own Python code, so setting it is an error."""
+
+    def served_model_names(self) -> list[str]:
+        """The --served-model-name values as a list ([] when none was given)."""
+        names = self.served_model_name
+        return [] if names is None else [names] if isinstance(names, str) else list(names)
 
     def _validate(self) -> None:
+        if self.trust_remote_code:
+            raise ValueError(
+                f"{flag('trust_remote_code')}: octavo does not run a checkpoint's own Python code; "
+                "it implements the architectures in its model registry itself, so drop the flag for "
+                "those, or add the architecture to octavo"
+            )
+        if self.served_model_name is not None and not all(self.served_model_names()):
+            raise ValueError(f"{flag('served_model_name')} must be non-empty names; got {self.served_model_name!r}")
         _check(self.dtype in ("auto", *STR_DTYPES), "dtype", f"auto or one of {sorted(STR_DTYPES)}", self.dtype)
         _check(self.load_format in ("auto", "safetensors", "dummy"), "load_format", "auto, safetensors or dummy", self.load_format)
         if self.max_model_len is not None:
@@ -146,7 +186,7 @@ class EngineArgs:
             max_model_len=self._max_model_len(hf_config),
             seed=self.seed,
             load_format=self.load_format,
-            served_model_name=self.served_model_name or (self.model or "octavo-default"),
+            served_model_name=(self.served_model_names() or [self.model or "octavo-default"])[0],
             hf_config=hf_config,
             sampling_defaults=self._sampling_defaults(model_dir),
             quantization=self._quantization(hf_config, arch),
@@ -244,56 +284,6 @@ class EngineArgs:
         )
 
     # -- CLI ----------------------------------------------------------------------------
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = False) -> None:
-        d = EngineArgs()
-        if not model_positional:
-            parser.add_argument("--model", default=None, help="Model folder or cached Hub id (default: the shipped model).")
-        parser.add_argument("--tokenizer", default=None)
-        parser.add_argument("--served-model-name", default=None)
-        parser.add_argument("--dtype", default=d.dtype, help="auto, float32, bfloat16, float16.")
-        parser.add_argument("--max-model-len", type=int, default=None)
-        parser.add_argument("--seed", type=int, default=d.seed)
-        parser.add_argument("--load-format", default=d.load_format, choices=["auto", "safetensors", "dummy"])
-        parser.add_argument("--block-size", type=int, default=None)
-        parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-        parser.add_argument(
-            "--prefix-caching-hash-algo", default=d.prefix_caching_hash_algo, choices=list(HASH_ALGOS),
-            help="Block hash of the prefix cache: sha256 (cryptographic) or xxhash (faster, keyed "
-            "128-bit; needs the xxhash package).",
-        )
-        parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
-        parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-        parser.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype)
-        parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-        parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-        parser.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
-        parser.add_argument("--long-prefill-token-threshold", type=int, default=0)
-        parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True)
-        parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-        parser.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
-        parser.add_argument("--distributed-executor-backend", default="mp", choices=["mp", "ray"])
-        parser.add_argument(
-            "--enable-expert-parallel", action="store_true",
-            help="Mixture-of-experts models: each tensor-parallel rank holds E/N whole experts "
-            "(default: every expert is sharded across the ranks like a dense MLP).",
-        )
-        parser.add_argument("--enforce-eager", action="store_true")
-        parser.add_argument(
-            "--quantization", "-q", default=None,
-            help="Quantization method (vLLM's names). Default: the checkpoint's quantization_config, "
-            "if any. A method octavo cannot run is refused at load, never silently ignored.",
-        )
-        parser.add_argument(
-            "--generation-config", default=d.generation_config,
-            help="auto: default sampling parameters from the model's generation_config.json; vllm or "
-            "none: ignore it; or a folder holding one.",
-        )
-        parser.add_argument(
-            "--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-            help="Prepare the next step while the device runs the current one (default: on for one accelerator, off on CPU).",
-        )
-
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}

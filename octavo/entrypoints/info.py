@@ -68,6 +68,8 @@ def collect_info(
     )
     rank = p.attn_backend_candidates().index(backend.name) + 1 if backend.name in p.attn_backend_candidates() else 0
     how = f"choice {rank} of {len(p.attn_backend_candidates())}" if rank else "forced"
+    if skipped:
+        how += f"; fallback: {', '.join(skipped)} cannot run, see below"
     info["attention"] = f"{backend.name} ({detail}; {how})"
     for name, reasons in skipped.items():
         info[f"  not {name}"] = "; ".join(reasons)

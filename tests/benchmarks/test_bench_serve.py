@@ -21,6 +21,7 @@ import pytest
 from octavo.entrypoints.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+SERVED_NAME = "tiny-llama"
 
 
 def _free_port() -> int:
@@ -81,7 +82,9 @@ def servers(llama_dir, tmp_path_factory):
         port = _free_port()
         started["octavo"] = (port, root / "octavo.log", *_launch(
             [sys.executable, "-m", "octavo.entrypoints.cli", "serve", llama_dir, "--port", str(port),
-             "--max-model-len", "512", "--shutdown-timeout", "1"], root / "octavo.log"))
+             "--max-model-len", "512", "--shutdown-timeout", "1",
+             # A name that is no local path: the benchmark must ask the server to tokenize.
+             "--served-model-name", SERVED_NAME], root / "octavo.log"))
     port = _free_port()
     started["stub"] = (port, root / "stub.log", *_launch(
         [sys.executable, "-m", "tests.benchmarks.openai_stub_server", "--model", llama_dir,
@@ -161,3 +164,37 @@ def test_bench_serve_unreachable_server_is_a_clear_error(capsys):
                "--num-prompts", "1", "--disable-tqdm"])
     assert rc == 2
     assert "cannot list models" in capsys.readouterr().err
+
+
+def test_bench_serve_tokenizes_through_the_server(octavo_server, llama_dir, tmp_path):
+    """No --tokenizer and a served name that is no local folder: /tokenize + /detokenize."""
+    from transformers import AutoTokenizer
+
+    from octavo.benchmarks.remote_tokenizer import RemoteTokenizer
+
+    local = AutoTokenizer.from_pretrained(llama_dir)
+    remote = RemoteTokenizer(octavo_server, SERVED_NAME)
+    assert len(remote) == len(local)  # found by binary search over /detokenize
+    text = "def add(a, b):\n    return a + b"
+    ids = local.encode(text, add_special_tokens=False)
+    assert remote.encode(text) == ids and remote.decode(ids) == local.decode(ids)
+
+    out = tmp_path / "serve.json"
+    rc = main(["bench", "serve", "--base-url", octavo_server, "--num-prompts", "2",
+               "--input-len", "8", "--output-len", "3", "--disable-tqdm", "--output-json", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["environment"]["served_model"] == SERVED_NAME
+    _check_point(report["results"]["serve"]["summary"], 2, 3)
+
+
+def test_bench_serve_tokenizer_for_the_shipped_model_name():
+    """`octavo serve` with no model serves 'octavo-default': its tokenizer is the shipped one."""
+    from octavo.benchmarks.serve import load_client_tokenizer
+    from octavo.engine.model_files import DEFAULT_MODEL_DIR
+
+    args = argparse.Namespace(tokenizer=None, base_url="http://127.0.0.1:9")  # never contacted
+    tok = load_client_tokenizer(args, "octavo-default")
+    assert tok.name_or_path == str(DEFAULT_MODEL_DIR)
+    assert tok.encode("def f():") == load_client_tokenizer(
+        argparse.Namespace(tokenizer=str(DEFAULT_MODEL_DIR), base_url=""), "x").encode("def f():")

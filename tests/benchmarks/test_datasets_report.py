@@ -139,3 +139,23 @@ def test_sweep_plot_is_a_png(tmp_path):
     out = plot_sweep(pts, tmp_path / "sweep.png", "test")
     with open(out, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_counts_print_as_ints_and_table_agrees_with_the_paired_footer(capsys):
+    import argparse
+
+    from octavo.benchmarks import report as rep
+
+    results = {
+        "octavo": {"summary": {"num_requests": 8, "median_e2e_s": 1.0}},
+        "hf": {"summary": {"num_requests": 8, "median_e2e_s": 2.0}},
+        # per-repeat ratios whose median (0.9) differs from the ratio of medians (0.5)
+        "paired": {"metric": "e2e_s", "per_repeat": [0.8, 0.9, 1.2], "median": 0.9},
+    }
+    rep.report_run("latency", argparse.Namespace(), results, None, "t", "octavo / hf latency")
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("num_requests"))
+    assert row.split()[1:3] == ["8", "8"]
+    e2e = next(line for line in out.splitlines() if line.startswith("median_e2e_s"))
+    assert e2e.split()[-1] == "0.90x"
+    assert "(median 0.90x" in out

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
@@ -56,7 +57,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 def build_app(
     engine: AsyncLLM,
-    served_model_name: str | None = None,
+    served_model_name: str | Sequence[str] | None = None,
     *,
     api_key: str | None = None,
     chat_template: str | None = None,
@@ -64,6 +65,7 @@ def build_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     name = served_model_name or engine.model_config.served_model_name
+    names = [name] if isinstance(name, str) else list(name)
     app = FastAPI(
         title="octavo",
         version=__version__,
@@ -71,8 +73,8 @@ def build_app(
         responses=_ERRORS,
     )
     install_error_handlers(app)
-    completions = OpenAIServingCompletion(engine, name)
-    chat = OpenAIServingChat(engine, name, chat_template)
+    completions = OpenAIServingCompletion(engine, names)
+    chat = OpenAIServingChat(engine, names, chat_template)
     app.state.engine = engine
     app.state.metrics = metrics
 
@@ -87,7 +89,7 @@ def build_app(
     @app.get("/v1/models", tags=["OpenAI"])
     async def list_models() -> ModelList:
         mc = engine.model_config
-        return ModelList(data=[ModelCard(id=name, root=mc.model, max_model_len=mc.max_model_len)])
+        return ModelList(data=[ModelCard(id=n, root=mc.model, max_model_len=mc.max_model_len) for n in names])
 
     @app.post("/tokenize", tags=["utilities"])
     async def tokenize(request: TokenizeCompletionRequest | TokenizeChatRequest) -> TokenizeResponse:
@@ -173,7 +175,7 @@ async def run_server(args: argparse.Namespace) -> int:
     engine = await AsyncLLM.from_engine_args(engine_args, stat_logger=metrics, config=config)
     try:
         app = build_app(
-            engine, served, api_key=args.api_key or envs.OCTAVO_API_KEY, chat_template=chat_template,
+            engine, engine_args.served_model_names() or served, api_key=args.api_key or envs.OCTAVO_API_KEY, chat_template=chat_template,
             metrics=metrics, max_request_bytes=args.max_request_bytes,
         )
         uv_config = uvicorn.Config(

@@ -8,15 +8,17 @@ DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
-    from octavo.engine.arg_utils import EngineArgs
+    from octavo.entrypoints.engine_cli import add_engine_args
 
     parser.add_argument("model", nargs="?", default=None,
-                        help="model folder or cached Hub id (default: the model shipped with octavo)")
+                        help="model folder or cached Hub id (default: the model shipped with octavo); "
+                        "--model MODEL works too")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default loopback; use 0.0.0.0 to listen everywhere)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default: %(default)s)")
     parser.add_argument("--api-key", default=None,
-                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $OCTAVO_API_KEY)")
+                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $OCTAVO_API_KEY); "
+                        "an empty value is an error")
     parser.add_argument("--chat-template", default=None,
                         help="Jinja chat template (a file, or the template itself) replacing the tokenizer's")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
@@ -24,5 +26,6 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds to let requests in flight finish after SIGTERM/SIGINT")
     parser.add_argument("--uvicorn-log-level", default="warning",
-                        choices=["critical", "error", "warning", "info", "debug", "trace"])
-    EngineArgs.add_cli_args(parser, model_positional=True)
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="uvicorn's own log level (default: %(default)s)")
+    add_engine_args(parser, model_positional=True)

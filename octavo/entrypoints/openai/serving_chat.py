@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -48,7 +48,8 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, served_model_name: str, chat_template: str | None = None) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_name: str | Sequence[str],
+                 chat_template: str | None = None) -> None:
         super().__init__(engine, served_model_name)
         self.chat_template = chat_template
 

@@ -30,9 +30,12 @@ def _finite(x: float) -> float:
 
 
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_name: str) -> None:
+    def __init__(self, engine: AsyncLLM, served_model_name: str | Sequence[str]) -> None:
         self.engine = engine
-        self.served_model_name = served_model_name
+        # Every name a request may use (vLLM's several --served-model-name); responses carry the first.
+        names = (served_model_name,) if isinstance(served_model_name, str) else tuple(served_model_name)
+        self.served_model_names: tuple[str, ...] = names
+        self.served_model_name = names[0]
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.model_config.max_model_len
         self.vocab_size = engine.model_config.vocab_size
@@ -41,9 +44,10 @@ class OpenAIServing:
 
     # -- checks -----------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
+        if model is not None and model not in self.served_model_names:
+            served = ", ".join(repr(n) for n in self.served_model_names)
             raise OpenAIError(
-                f"the model {model!r} does not exist; this server serves {self.served_model_name!r}",
+                f"the model {model!r} does not exist; this server serves {served}",
                 404, param="model", code="model_not_found",
             )
 
