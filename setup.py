@@ -135,6 +135,11 @@ def _cmdclass():
                  f"({', '.join(e.name.split('_C_', 1)[1] for e in self.extensions)}): compiling one "
                  "takes about a minute per core (OCTAVO_CPU_EXT_VARIANTS=avx2,scalar builds fewer)")
             self._failed: list = []
+            # Every variant compiles the same sources with other flags: one extension at a time,
+            # each into its own temp folder, or `build_ext -j` links one variant's objects into
+            # another (pybind11's ParallelCompile still compiles each variant's files in parallel).
+            self.parallel = False
+            self._temp_root = self.build_temp
             super().build_extensions()
             # Later steps (in-place copy, wheel contents) list only what was built.
             self.extensions = [e for e in self.extensions if e not in self._failed]
@@ -145,6 +150,7 @@ def _cmdclass():
                 _log(f"[{index}/{self._total}] {ext.name}: up to date, not rebuilt")
                 return
             _log(f"[{index}/{self._total}] compiling {ext.name} ...")
+            self.build_temp = os.path.join(self._temp_root, ext.name.rsplit(".", 1)[-1])
             try:
                 super().build_extension(ext)
             except Exception as e:  # a compiler error in one variant must not fail the install
