@@ -39,3 +39,22 @@ def test_generate_bad_model_is_a_clear_error(tmp_path):
     r = run_cli("generate", "x", "--model", str(tmp_path / "nope"))
     assert r.returncode == 2
     assert "error:" in r.stderr and "model" in r.stderr
+
+
+def test_info_models_lists_the_registry_with_features():
+    """``octavo info --models`` is generated from the registry and the classes' declarations."""
+    from octavo.models.registry import describe_models, supported_architectures
+
+    r = run_cli("info", "--models")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split() == ["architecture", "sliding", "window", "tensor", "parallel", "quantization", "formats"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert sorted(rows) == supported_architectures()
+    for m in describe_models():
+        cells = rows[m.architecture].split(None, 3)
+        assert cells[1] == ("yes" if m.sliding_window else "no")
+        assert cells[2] == ("yes" if m.tensor_parallel else "no")
+        assert cells[3].endswith(", ".join(m.formats))
+    assert "gguf" in rows["LlamaForCausalLM"] and "gguf" not in rows["Gemma2ForCausalLM"]
+    assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"} <= set(rows)
