@@ -47,14 +47,17 @@ def test_info_models_lists_the_registry_with_features():
 
     r = run_cli("info", "--models")
     assert r.returncode == 0, r.stderr
-    lines = r.stdout.strip().splitlines()
-    assert lines[0].split() == ["architecture", "sliding", "window", "tensor", "parallel", "quantization", "formats"]
-    rows = {line.split()[0]: line for line in lines[1:]}
+    table = r.stdout.split("\n\n")[0].strip().splitlines()
+    assert table[0].split() == ["architecture", "experts", "sliding", "window", "tensor", "parallel",
+                                "quantization", "formats"]
+    rows = {line.split()[0]: line for line in table[1:]}
     assert sorted(rows) == supported_architectures()
     for m in describe_models():
-        cells = rows[m.architecture].split(None, 3)
-        assert cells[1] == ("yes" if m.sliding_window else "no")
-        assert cells[2] == ("yes" if m.tensor_parallel else "no")
-        assert cells[3].endswith(", ".join(m.formats))
+        cells = rows[m.architecture].split(None, 4)
+        assert cells[1] == ("MoE" if m.mixture_of_experts else "dense")
+        assert cells[2] == ("yes" if m.sliding_window else "no")
+        assert cells[3] == ("yes" if m.tensor_parallel else "no")
+        assert cells[4].endswith(", ".join(m.formats))
     assert "gguf" in rows["LlamaForCausalLM"] and "gguf" not in rows["Gemma2ForCausalLM"]
     assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"} <= set(rows)
+    assert "--enable-expert-parallel" in r.stdout
