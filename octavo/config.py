@@ -72,6 +72,8 @@ class CacheConfig:
     cpu_kvcache_space_bytes: int | None = None
     # Block hash of the prefix cache (octavo/core/block_hash.py): sha256 or xxhash.
     prefix_caching_hash_algo: str = "sha256"
+    # Set when every layer attends through this window: KV blocks wholly behind it are freed.
+    sliding_window: int | None = None
 
 
 @dataclass(frozen=True)

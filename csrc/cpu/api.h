@@ -45,6 +45,12 @@ struct PagedAttentionArgs {
   int dtype;        // DType of query, out and the cache
   int k_layout;     // KLayout
   int num_threads;  // 0: the OpenMP runtime's current default (torch's intra-op pool size)
+  // > 0: sliding-window attention, a query at position p sees keys (p - sliding_window, p]
+  // only; blocks wholly before every row's window are never read (their block-table entries
+  // may be stale or the null block). 0: full causal attention.
+  int sliding_window = 0;
+  // > 0: scores become soft_cap * tanh(scale * q.k / soft_cap) before the softmax (Gemma 2).
+  float soft_cap = 0.f;
 };
 
 struct WriteKVArgs {

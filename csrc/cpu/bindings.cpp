@@ -72,7 +72,7 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         [](int64_t query, int64_t q_stride, int64_t out, int64_t o_stride, int64_t kv_cache,
            int64_t query_start_loc, int64_t seq_lens, int64_t block_table, int64_t bt_stride,
            int num_reqs, int num_heads, int num_kv_heads, int head_size, int block_size,
-           float scale, int dtype, int k_layout, int num_threads) {
+           float scale, int dtype, int k_layout, int num_threads, int sliding_window, float soft_cap) {
           octavo::PagedAttentionArgs a;
           a.query = ptr<const void>(query);
           a.q_stride = q_stride;
@@ -92,8 +92,15 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
           a.dtype = dtype;
           a.k_layout = k_layout;
           a.num_threads = num_threads;
+          a.sliding_window = sliding_window;
+          a.soft_cap = soft_cap;
           run_checked("paged_attention", kern()->paged_attention, a);
-        });
+        },
+        py::arg("query"), py::arg("q_stride"), py::arg("out"), py::arg("o_stride"), py::arg("kv_cache"),
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"), py::arg("bt_stride"),
+        py::arg("num_reqs"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_size"),
+        py::arg("block_size"), py::arg("scale"), py::arg("dtype"), py::arg("k_layout"),
+        py::arg("num_threads"), py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f);
 
   m.def("write_kv",
         [](int64_t key, int64_t k_stride_tok, int64_t k_stride_head, int64_t value,

@@ -387,10 +387,15 @@ struct PagedAttention {
 
     const int kv_end = ctx + j0 + nq;  // keys [0, kv_end) are visible to some row of the tile
     const int nblocks = (kv_end + bs - 1) / bs;
+    // Sliding window: keys before kv_lo are outside every row's window; start at its block.
+    const int win = a.sliding_window;
+    const int kv_lo = win > 0 && ctx + j0 - win + 1 > 0 ? ctx + j0 - win + 1 : 0;
+    const int bstart = kv_lo / bs;
     const int32_t* bt = a.block_table + (int64_t)req * a.bt_stride;
     const T* cache = (const T*)a.kv_cache;
     const size_t tile = (size_t)bs * D;
     const float scale = a.scale;
+    const float cap = a.soft_cap;
 
     const int bpc = ct / bs;  // blocks per chunk
     // The block table is random, so the hardware cannot guess the next block: prefetch the
@@ -398,8 +403,8 @@ struct PagedAttention {
     const size_t block_bytes = (size_t)nh * 2 * tile * sizeof(T);
     int pf_dist = block_bytes >= 32768 ? 1 : (int)(32768 / block_bytes);
     if (pf_dist < bpc) pf_dist = bpc;  // at least the next chunk
-    for (int pbk = 0; pbk < pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile);
-    for (int b0 = 0; b0 < nblocks; b0 += bpc) {
+    for (int pbk = bstart; pbk < bstart + pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile);
+    for (int b0 = bstart; b0 < nblocks; b0 += bpc) {
       const int c0 = b0 * bs;                                     // first key of the chunk
       const int nc = kv_end - c0 < ct ? kv_end - c0 : ct;          // keys of the chunk
       const int b1 = b0 + bpc < nblocks ? b0 + bpc : nblocks;
@@ -425,14 +430,22 @@ struct PagedAttention {
       for (int r = 0; r < rows; ++r) {
         float* sr = s + (size_t)r * ct;
         uint16_t* pr = pb + (size_t)r * ct;
-        int valid = ctx + j0 + (r / G) % nq - c0 + 1;  // keys of this chunk the row may see
+        const int qpos = ctx + j0 + (r / G) % nq;
+        int valid = qpos - c0 + 1;  // keys of this chunk the row may see
         if (valid > nc) valid = nc;
-        if (valid <= 0) {
+        // first key of the chunk inside the row's window (0 without a window)
+        const int first = win > 0 && qpos - win + 1 - c0 > 0 ? qpos - win + 1 - c0 : 0;
+        if (valid <= first) {
           if (kDot) memset(pr, 0, (size_t)ngc * 16 * sizeof(uint16_t));
           else memset(sr, 0, (size_t)ngc * 16 * sizeof(float));
           continue;
         }
+        if (cap > 0.f) {  // soft cap on the scaled score; sr stays unscaled (scale applied below)
+          const float in = scale / cap, outs = cap / scale;
+          for (int t = first; t < valid; ++t) sr[t] = outs * tanhf(sr[t] * in);
+        }
         for (int t = valid; t < ngc * 16; ++t) sr[t] = -INFINITY;
+        for (int t = 0; t < first; ++t) sr[t] = -INFINITY;
         F mx = load(sr);
         for (int g = 1; g < ngc; ++g) mx = max(mx, load(sr + 16 * g));
         const float m_blk = hmax(mx) * scale;
@@ -441,7 +454,7 @@ struct PagedAttention {
         if (m_new != m_old) {
           const float corr = expf(m_old - m_new);
           l[r] *= corr;
-          if (b0 > 0) {
+          if (b0 > bstart) {
             F cv = bcast(corr);
             float* ar = acc + (size_t)r * D;
             for (int d = 0; d < D; d += 16) store(ar + d, mul(load(ar + d), cv));

@@ -72,13 +72,41 @@ def metadata_from_common(
 
 
 class AttentionImpl:
-    """Per-layer kernel wrapper. ``forward`` returns ``[T, num_heads, head_size]``."""
+    """Per-layer kernel wrapper. ``forward`` returns ``[T, num_heads, head_size]``.
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
+    ``sliding_window`` (a query at position p sees keys ``(p - window, p]`` only; None: all
+    earlier keys) and ``logits_soft_cap`` (scores become ``cap * tanh(score / cap)`` after
+    scaling; None: no cap) are per layer. A backend that does not implement one says so at
+    construction (``supports_*``), never by computing something else.
+    """
+
+    supports_sliding_window: ClassVar[bool] = False
+    supports_logits_soft_cap: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        for value, ok, what in (
+            (sliding_window, self.supports_sliding_window, "sliding-window attention"),
+            (logits_soft_cap, self.supports_logits_soft_cap, "attention logit soft-capping"),
+        ):
+            if value and not ok:
+                raise ValueError(
+                    f"attention backend {type(self).__name__} does not implement {what}, which this "
+                    "model needs; choose torch_ref, cpu_paged or triton_paged (OCTAVO_ATTENTION_BACKEND)"
+                )
+        self.sliding_window = sliding_window or None
+        self.logits_soft_cap = logits_soft_cap or None
 
     def forward(
         self,

@@ -66,9 +66,9 @@ def engine_config(args: argparse.Namespace):
 
 
 def load_tokenizer(config) -> Any:
-    from transformers import AutoTokenizer
+    from octavo.engine.llm_engine import load_tokenizer as load
 
-    return AutoTokenizer.from_pretrained(config.model_config.tokenizer)
+    return load(config.model_config.tokenizer)
 
 
 def make_llm(args: argparse.Namespace) -> tuple[Any, float]:

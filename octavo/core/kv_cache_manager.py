@@ -13,6 +13,12 @@ the KV of token positions ``[i * block_size, (i + 1) * block_size)``. Contract:
   and changes nothing at all (not even hit blocks' ref counts).
 - ``free(req)`` releases the blocks in reverse order, so a request's tail is evicted before
   the prefix it may share with others.
+- With ``sliding_window`` W (every layer windowed), ``allocate_slots`` first frees the
+  request's blocks that lie wholly before the window of its next query (positions
+  ``< p - W + 1`` for the first new position ``p``): nothing reads them again. Their place in
+  the request's list becomes the null block, so list index = block index still holds; they
+  keep their hashes (prefix hits stay valid until evicted). A request then holds at most
+  ``W / block_size + 1`` blocks between decode steps.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         hash_algo: str = "sha256",
+        sliding_window: int | None = None,
     ) -> None:
         self.block_size = block_size
+        self.sliding_window = sliding_window
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks)
         self.hash_fn = get_hash_function(hash_algo)
@@ -99,6 +107,8 @@ class KVCacheManager:
     ) -> list[KVCacheBlock] | None:
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be positive")
+        if self.sliding_window:
+            self._free_outside_window(request)
         req_blocks = self.req_to_blocks.setdefault(request.request_id, [])
         total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_required = cdiv(total_tokens, self.block_size)
@@ -130,11 +140,35 @@ class KVCacheManager:
                 self.num_cached_blocks[request.request_id] = num_full
         return new_blocks
 
+    def _free_outside_window(self, request: Request) -> None:
+        """Free the held blocks wholly before the window of the request's next query."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if not blocks:
+            return
+        assert self.sliding_window is not None
+        first_visible = request.num_computed_tokens - self.sliding_window + 1
+        num_skipped = min(max(0, first_visible) // self.block_size, len(blocks))
+        null = self.block_pool.null_block
+        freed = []
+        for i in range(num_skipped - 1, -1, -1):  # later blocks first: the prefix is evicted last
+            if blocks[i] is null:
+                break  # everything before it was freed earlier
+            freed.append(blocks[i])
+            blocks[i] = null
+        if freed:
+            self.block_pool.free_blocks(freed)
+
+    def num_held_blocks(self, request_id: str) -> int:
+        """Real blocks a request holds (the null placeholders of freed ones not counted)."""
+        null = self.block_pool.null_block
+        return sum(1 for b in self.req_to_blocks.get(request_id, ()) if b is not null)
+
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+            null = self.block_pool.null_block
+            self.block_pool.free_blocks(b for b in reversed(blocks) if b is not null)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

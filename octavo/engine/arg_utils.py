@@ -31,6 +31,7 @@ from octavo.engine.model_files import (
     load_hf_config,
     load_sampling_defaults,
     resolve_model_path,
+    resolve_tokenizer_path,
 )
 from octavo.platforms import current_platform
 from octavo.quantization import resolve_quantization
@@ -47,6 +48,9 @@ STR_DTYPES = {
     "half": torch.float16,
     "fp16": torch.float16,
 }
+
+# --load-format values (vLLM's names): auto picks safetensors, then pt (.bin), or gguf for a .gguf file.
+LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
 
 # Context length assumed when config.json names none (vLLM's fallback too).
 FALLBACK_MAX_MODEL_LEN = 2048
@@ -67,7 +71,13 @@ class EngineArgs:
     model: str | None = None
     """Model folder or cached Hugging Face Hub id (default: the small model shipped with octavo)."""
     tokenizer: str | None = None
-    """Tokenizer folder or cached Hub id (default: the model's own)."""
+    """Tokenizer folder or Hub id (default: the model's own)."""
+    revision: str | None = None
+    """Hub revision of the model: a branch, tag or commit (Hub ids only)."""
+    tokenizer_revision: str | None = None
+    """Hub revision of --tokenizer (Hub ids only)."""
+    download_dir: str | None = None
+    """Where Hub downloads go (default: the Hugging Face cache)."""
     served_model_name: str | list[str] | None = None
     """Name(s) the OpenAI API answers to; responses carry the first (default: the model argument, or octavo-default)."""
     dtype: str = "auto"
@@ -134,7 +144,7 @@ class EngineArgs:
         if self.served_model_name is not None and not all(self.served_model_names()):
             raise ValueError(f"{flag('served_model_name')} must be non-empty names; got {self.served_model_name!r}")
         _check(self.dtype in ("auto", *STR_DTYPES), "dtype", f"auto or one of {sorted(STR_DTYPES)}", self.dtype)
-        _check(self.load_format in ("auto", "safetensors", "dummy"), "load_format", "auto, safetensors or dummy", self.load_format)
+        _check(self.load_format in LOAD_FORMATS, "load_format", ", ".join(LOAD_FORMATS), self.load_format)
         if self.max_model_len is not None:
             _check(self.max_model_len >= 1, "max_model_len", ">= 1", self.max_model_len)
         if self.block_size is not None:
@@ -162,7 +172,7 @@ class EngineArgs:
         model_config = self._model_config()
         config = OctavoConfig(
             model_config=model_config,
-            cache_config=self._cache_config(),
+            cache_config=self._cache_config(model_config.hf_config),
             scheduler_config=self._scheduler_config(model_config.max_model_len),
             device_config=DeviceConfig(device=current_platform.device_type),
             parallel_config=ParallelConfig(
@@ -176,11 +186,11 @@ class EngineArgs:
         return current_platform.check_and_update_config(config)
 
     def _model_config(self) -> ModelConfig:
-        model_dir = resolve_model_path(self.model)
+        model_dir = resolve_model_path(self.model, self.revision, self.download_dir)
         hf_config, arch = load_hf_config(model_dir)
         return ModelConfig(
             model=model_dir,
-            tokenizer=self.tokenizer or model_dir,
+            tokenizer=resolve_tokenizer_path(self.tokenizer, model_dir, self.tokenizer_revision, self.download_dir),
             architecture=arch,
             dtype=self._dtype(hf_config),
             max_model_len=self._max_model_len(hf_config),
@@ -253,7 +263,9 @@ class EngineArgs:
             )
         return defaults
 
-    def _cache_config(self) -> CacheConfig:
+    def _cache_config(self, hf_config: Any) -> CacheConfig:
+        from octavo.models.sliding_window import kv_sliding_window
+
         return CacheConfig(
             block_size=self.block_size or current_platform.default_block_size,
             enable_prefix_caching=self.enable_prefix_caching,
@@ -261,6 +273,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_dtype=self.kv_cache_dtype,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            sliding_window=kv_sliding_window(hf_config),
         )
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
@@ -291,10 +304,6 @@ class EngineArgs:
 
 
 def context_limit(hf_config: Any) -> int:
-    """The longest context the checkpoint supports as octavo runs it."""
-    limit = getattr(hf_config, "max_position_embeddings", None) or FALLBACK_MAX_MODEL_LEN
-    window = getattr(hf_config, "sliding_window", None)
-    if window and getattr(hf_config, "use_sliding_window", True) and window < limit:
-        logger.warning("sliding window attention (%d) is not implemented; capping the context at it", window)
-        limit = window
-    return limit
+    """The longest context the checkpoint supports: its full context, also for sliding-window
+    models (the window is per layer, in attention)."""
+    return getattr(hf_config, "max_position_embeddings", None) or FALLBACK_MAX_MODEL_LEN

@@ -38,7 +38,10 @@ class EngineCore:
         self.executor.initialize_kv_cache(num_blocks)
         cc, sc = config.cache_config, config.scheduler_config
         self.scheduler = Scheduler(
-            KVCacheManager(num_blocks, cc.block_size, cc.enable_prefix_caching, cc.prefix_caching_hash_algo),
+            KVCacheManager(
+                num_blocks, cc.block_size, cc.enable_prefix_caching, cc.prefix_caching_hash_algo,
+                sliding_window=cc.sliding_window,
+            ),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,
             max_model_len=sc.max_model_len,

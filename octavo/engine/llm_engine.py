@@ -18,8 +18,13 @@ logger = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: str):
+    """The tokenizer of a folder, or the one in a GGUF file's metadata."""
+    import os
+
     from transformers import AutoTokenizer
 
+    if path.endswith(".gguf"):
+        return AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -1,7 +1,7 @@
 """Finding a checkpoint and reading what the engine needs from its files.
 
-``resolve_model_path`` never downloads (a local folder, or a Hub id already in the local cache);
-``load_hf_config`` refuses an unsupported architecture before transformers parses the config;
+``resolve_model_path`` takes a local folder, a ``.gguf`` file or a Hub id (downloaded through
+``octavo.models.hub``); ``load_hf_config`` refuses an unsupported architecture before transformers parses the config;
 ``load_sampling_defaults`` turns ``generation_config.json`` into SamplingParams defaults.
 Errors name the flag a user would change.
 """
@@ -34,33 +34,54 @@ def flag(name: str) -> str:
     return f"--{name.replace('_', '-')} ({name})"
 
 
-def resolve_model_path(model: str | None) -> str:
-    """A local folder, or a Hub id already in the local Hugging Face cache. Never downloads."""
+def resolve_model_path(model: str | None, revision: str | None = None, download_dir: str | None = None) -> str:
+    """A local folder, a local ``.gguf`` file, or a Hub id (downloaded into the Hub cache)."""
     if model is None:
         model = envs.OCTAVO_DEFAULT_MODEL or str(DEFAULT_MODEL_DIR)
     if os.path.isdir(model):
         if not os.path.exists(os.path.join(model, "config.json")):
             raise ValueError(f"--model (model): {model!r} has no config.json")
         return model
-    try:
-        from huggingface_hub import snapshot_download
+    if model.endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise ValueError(f"--model (model): GGUF file {model!r} does not exist")
+        return model
+    if os.path.exists(model) or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise ValueError(f"--model (model): {model!r} is neither a model folder, a .gguf file nor a Hub id")
+    from octavo.models.hub import download_snapshot
 
-        return snapshot_download(model, local_files_only=True)
-    except Exception:
-        raise ValueError(
-            f"--model (model): {model!r} is not a local folder and is not in the local "
-            "Hugging Face cache (octavo never downloads at run time)"
-        ) from None
+    return download_snapshot(model, revision=revision, download_dir=download_dir)
+
+
+def resolve_tokenizer_path(
+    tokenizer: str | None, model_path: str, revision: str | None, download_dir: str | None
+) -> str:
+    """``--tokenizer`` (a folder or a Hub id, at ``--tokenizer-revision``), else the model's."""
+    if tokenizer is None:
+        return model_path
+    if os.path.exists(tokenizer):
+        return tokenizer
+    from octavo.models.hub import download_snapshot
+
+    return download_snapshot(
+        tokenizer, revision=revision, download_dir=download_dir, weights=False, flag="--tokenizer (tokenizer)"
+    )
 
 
 def load_hf_config(model_dir: str) -> tuple[Any, str]:
-    """(transformers config, supported architecture name) of a checkpoint folder.
+    """(transformers config, supported architecture name) of a checkpoint folder or GGUF file.
 
     The architecture is checked on the raw ``config.json`` first, so an unsupported model fails
     with octavo's message instead of inside transformers.
     """
     from transformers import AutoConfig
 
+    if model_dir.endswith(".gguf"):
+        from octavo.models.gguf_loader import load_gguf_config
+
+        cfg = load_gguf_config(model_dir)
+        arch, _ = resolve_architecture(cfg.architectures)
+        return cfg, arch
     with open(os.path.join(model_dir, "config.json")) as f:
         raw = json.load(f)
     arch, _ = resolve_architecture(raw.get("architectures"))

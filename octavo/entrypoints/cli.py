@@ -48,13 +48,12 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from octavo.entrypoints.info import collect_info, models_info
+    from octavo.entrypoints.info import collect_info, models_table
 
     if args.models:
-        rows = models_info()
-    else:
-        rows = collect_info(args.model, args.tensor_parallel_size, args.enable_expert_parallel)
-    for key, value in rows.items():
+        print("\n".join(models_table()))
+        return 0
+    for key, value in collect_info(args.model, args.tensor_parallel_size, args.enable_expert_parallel).items():
         print(f"{key:<20} {value}")
     return 0
 
@@ -134,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate_parser(sub)
     info = sub.add_parser("info", help="print version, platform and every choice it made")
     info.add_argument("--model", default=None, help="also resolve the model's dtype, context and attention backend")
-    info.add_argument("--models", action="store_true", help="list the supported architectures and the MoE flags")
+    info.add_argument("--models", action="store_true", help="list the supported architectures with their features, and the MoE flags")
     info.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="show the per-rank placement for this tensor-parallel size")
     info.add_argument("--enable-expert-parallel", action="store_true", help="show the expert-parallel placement of a MoE model")
     info.set_defaults(func=_cmd_info)

@@ -24,7 +24,7 @@ _PACKAGE = Path(__file__).resolve().parents[1]
 _SOURCES = (_PACKAGE / "engine" / "arg_utils.py",)
 
 CHOICES: dict[str, list[str]] = {
-    "load_format": ["auto", "safetensors", "dummy"],
+    "load_format": ["auto", "safetensors", "pt", "gguf", "dummy"],
     "prefix_caching_hash_algo": ["sha256", "xxhash"],
     "scheduling_policy": ["fcfs", "priority"],
     "distributed_executor_backend": ["mp", "ray"],

@@ -118,3 +118,22 @@ def models_info() -> dict[str, str]:
         "(torch_ref, cpu_grouped, triton_grouped)"
     )
     return info
+
+
+def models_table() -> list[str]:
+    """``octavo info --models``: one line per registered architecture, generated from the
+    registry and the model classes, then the MoE flags."""
+    from octavo.models.registry import describe_models
+    from octavo.quantization import QUANTIZATION_METHODS
+
+    dense_quant = ", ".join(sorted(QUANTIZATION_METHODS)) or "none"
+    rows = [("architecture", "experts", "sliding window", "tensor parallel", "quantization", "formats")]
+    for m in describe_models():
+        rows.append((
+            m.architecture, "MoE" if m.mixture_of_experts else "dense",
+            "yes" if m.sliding_window else "no", "yes" if m.tensor_parallel else "no",
+            "none" if m.mixture_of_experts else dense_quant, ", ".join(m.formats),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return [*lines, "", f"MoE flags: {models_info()['MoE flags']}"]

@@ -93,34 +93,64 @@ def silu_and_mul(gate_up: torch.Tensor, ops: ModuleType | None = None) -> torch.
     return F.silu(gate) * up
 
 
-def _rope_parameters(hf_config) -> dict:
+def _rope_parameters(hf_config, layer_type: str | None = None) -> dict:
+    """RoPE parameters of a config (of one layer type, for configs that key them by type)."""
     params = getattr(hf_config, "rope_parameters", None)
     if params:
+        if layer_type is not None and isinstance(params.get(layer_type), dict):
+            return dict(params[layer_type])
         return dict(params)
     out = {"rope_type": "default", "rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
     scaling = getattr(hf_config, "rope_scaling", None)
     if scaling:
         out.update(scaling)
         out["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+    if out.get("rope_type") == "su":
+        out["rope_type"] = "longrope"
     return out
 
 
-def compute_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling, as transformers computes them."""
-    params = _rope_parameters(hf_config)
+# RoPE types octavo computes exactly as transformers does. "longrope" (alias "su") only up to
+# ``original_max_position_embeddings``, where transformers uses the short factors: past it,
+# transformers switches factors with the length of each forward pass, which a paged batch
+# cannot reproduce. "dynamic" (NTK) rescales with the sequence length at run time: refused.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+def rotary_dim(hf_config, head_dim: int, layer_type: str | None = None) -> int:
+    """Dimensions of each head that RoPE rotates (``partial_rotary_factor`` of them)."""
+    return int(head_dim * _rope_parameters(hf_config, layer_type).get("partial_rotary_factor", 1.0))
+
+
+def compute_inv_freq(
+    hf_config, head_dim: int, layer_type: str | None = None, max_position: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (of the rotated dimensions) and attention scaling, as transformers
+    computes them. ``max_position``: the longest context the engine serves."""
+    params = _rope_parameters(hf_config, layer_type)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params["rope_theta"]
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        dim = rotary_dim(hf_config, head_dim, layer_type)
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
         return inv_freq, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    if rope_type not in ROPE_INIT_FUNCTIONS or rope_type == "dynamic":
+    if rope_type not in SUPPORTED_ROPE_TYPES or rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(
-            f"rope_scaling type {rope_type!r} is not supported "
-            f"(supported: default, {', '.join(k for k in ROPE_INIT_FUNCTIONS if k != 'dynamic')})"
+            f"rope_scaling type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
+    if rope_type == "longrope":
+        orig = params.get("original_max_position_embeddings") or getattr(
+            hf_config, "original_max_position_embeddings", None
+        )
+        if orig is None or max_position is None or max_position > orig:
+            raise ValueError(
+                f"longrope RoPE scaling is supported up to original_max_position_embeddings ({orig}) "
+                f"tokens; pass --max-model-len {orig} (octavo was asked for {max_position})"
+            )
+    kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **kwargs)
     return inv_freq.float(), float(attention_scaling)
 
 
@@ -135,15 +165,20 @@ _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 class RotaryEmbedding(nn.Module):
     """Neox-style RoPE with a precomputed cos/sin table indexed by absolute position."""
 
-    def __init__(self, hf_config, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, hf_config, head_dim: int, max_position: int, dtype: torch.dtype, layer_type: str | None = None
+    ) -> None:
         super().__init__()
         # Built on the CPU (the same table on every device), then moved to the device the
         # model is being built on; layers of one model share one table.
         device = torch.empty(0).device
-        key = (repr(_rope_parameters(hf_config)), head_dim, max_position, dtype, device)
+        key = (
+            repr(_rope_parameters(hf_config, layer_type)), getattr(hf_config, "max_position_embeddings", None),
+            getattr(hf_config, "original_max_position_embeddings", None), head_dim, max_position, dtype, device,
+        )
         tables = _ROPE_TABLES.get(key)
         if tables is None:
-            inv_freq, scaling = compute_inv_freq(hf_config, head_dim)
+            inv_freq, scaling = compute_inv_freq(hf_config, head_dim, layer_type, max_position)
             pos = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
             freqs = pos[:, None] * inv_freq.cpu()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
@@ -155,7 +190,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", tables[1], persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """``q``: [T, H, D], ``k``: [T, Hk, D]; returns rotated copies."""
+        """``q``: [T, H, D], ``k``: [T, Hk, D]; returns rotated copies (the first ``rotary_dim``
+        dimensions rotated, the rest passed through, for a partial rotary factor)."""
+        rot = self.cos.shape[-1]
+        if rot != q.shape[-1]:
+            cos = self.cos[positions].unsqueeze(1)
+            sin = self.sin[positions].unsqueeze(1)
+            q_rot, k_rot = q[..., :rot], k[..., :rot]
+            q_rot = q_rot * cos + rotate_half(q_rot) * sin
+            k_rot = k_rot * cos + rotate_half(k_rot) * sin
+            return torch.cat([q_rot, q[..., rot:]], dim=-1), torch.cat([k_rot, k[..., rot:]], dim=-1)
         ops = _use_fused(fused_ops_of(self), q)
         if ops is not None:
             return ops.rope(positions, q, k, self.cos, self.sin)

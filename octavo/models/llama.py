@@ -9,7 +9,7 @@ what plain ``nn.Linear`` / ``nn.Embedding`` do.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from octavo.distributed.layers import (
     VocabParallelEmbedding,
 )
 from octavo.models.layers import RMSNorm, RotaryEmbedding, fused_ops_of, linear, silu_and_mul
+from octavo.models.sliding_window import layer_sliding_windows
 
 
 class Attention(nn.Module):
@@ -38,7 +39,10 @@ class Attention(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int):
+    def __init__(
+        self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int,
+        sliding_window: int | None = None,
+    ):
         super().__init__()
         total_heads = cfg.num_attention_heads
         total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
@@ -60,7 +64,9 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(cfg, self.head_dim, max_position, dtype)
         scale = self.head_dim**-0.5
-        self.attn = Attention(backend.get_impl_cls()(self.num_heads, self.head_dim, scale, self.num_kv_heads))
+        self.attn = Attention(
+            backend.get_impl_cls()(self.num_heads, self.head_dim, scale, self.num_kv_heads, sliding_window=sliding_window)
+        )
 
     def forward(self, positions, hidden, attn_metadata):
         qkv = linear(self.qkv_proj, hidden)
@@ -92,9 +98,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, backend, dtype, max_position, mlp: nn.Module | None = None):
+    def __init__(
+        self, cfg, backend, dtype, max_position, mlp: nn.Module | None = None, sliding_window: int | None = None
+    ):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, backend, dtype, max_position)
+        self.self_attn = LlamaAttention(cfg, backend, dtype, max_position, sliding_window)
         self.mlp = mlp if mlp is not None else LlamaMLP(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -116,8 +124,8 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, backend, dtype, max_position, make_mlp(cfg, i) if make_mlp else None)
-            for i in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, backend, dtype, max_position, make_mlp(cfg, i) if make_mlp else None, window)
+            for i, window in enumerate(layer_sliding_windows(cfg))
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -132,6 +140,10 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Checkpoint tensor names map onto this module's parameters (see ``load_weights``)."""
+
+    # Features ``octavo info --models`` lists (read by ``registry.describe_models``).
+    supports_sliding_window: ClassVar[bool] = True  # per layer, from the config
+    supports_tensor_parallel: ClassVar[bool] = True  # every linear layer is tensor-parallel
 
     # checkpoint suffix -> (fused parameter suffix, shard id)
     stacked_params = {

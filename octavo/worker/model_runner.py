@@ -92,7 +92,7 @@ class ModelRunner:
         if mc.load_format == "dummy":
             init_dummy_weights(model, seed=mc.seed)
         else:
-            load_weights(model, mc.model)
+            load_weights(model, mc.model, mc.load_format)
         bind_fused_ops(model, self.platform.fused_op_kernels)
         self.model = model.eval()
         self.load_seconds = time.perf_counter() - t0

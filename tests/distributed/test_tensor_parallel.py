@@ -29,7 +29,9 @@ def _generate(path: str, tp: int, backend: str = "mp") -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+# Plus the architectures with their own layers: Gemma (norms, GeGLU, soft caps, q/k norm),
+# Phi-3 (fused checkpoint tensors split before the rank slices them).
+@pytest.mark.parametrize("arch", [*ARCHS, "gemma2", "gemma3", "phi3_partial"])
 @pytest.mark.usefixtures("cpu_platform")  # gloo on CPU: 2 workers, on any machine
 def test_tp2_matches_tp1(arch, checkpoints):
     path = checkpoints[arch]

@@ -193,3 +193,25 @@ def test_gpu_memory_utilization_on_cpu_is_not_silently_ignored(caplog):
     with caplog.at_level("WARNING"):
         warn_ignored(argparse.Namespace(gpu_memory_utilization=0.5))
     assert "--gpu-memory-utilization has no effect on the CPU" in caplog.text
+
+
+def test_info_models_lists_the_registry_with_features():
+    """``octavo info --models`` is generated from the registry and the classes' declarations."""
+    from octavo.models.registry import describe_models, supported_architectures
+
+    r = run_cli("info", "--models")
+    assert r.returncode == 0, r.stderr
+    table = r.stdout.split("\n\n")[0].strip().splitlines()
+    assert table[0].split() == ["architecture", "experts", "sliding", "window", "tensor", "parallel",
+                                "quantization", "formats"]
+    rows = {line.split()[0]: line for line in table[1:]}
+    assert sorted(rows) == supported_architectures()
+    for m in describe_models():
+        cells = rows[m.architecture].split(None, 4)
+        assert cells[1] == ("MoE" if m.mixture_of_experts else "dense")
+        assert cells[2] == ("yes" if m.sliding_window else "no")
+        assert cells[3] == ("yes" if m.tensor_parallel else "no")
+        assert cells[4].endswith(", ".join(m.formats))
+    assert "gguf" in rows["LlamaForCausalLM"] and "gguf" not in rows["Gemma2ForCausalLM"]
+    assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"} <= set(rows)
+    assert "--enable-expert-parallel" in r.stdout

@@ -79,6 +79,16 @@ def _force_platform(monkeypatch, name):
 
 LENGTHS = [1, 15, 16, 17, 33, 64, 100, 300]
 MAX_TOKENS = 12
+# Every architecture, including sliding-window (32-token windows: the longer prompts cross
+# them), soft-capping (gemma2), per-type RoPE (gemma3), fused checkpoints + longrope (phi3).
+GPU_ARCHS = ["llama", "mistral", "qwen2", "qwen3", "mistral_sw", "qwen2_sw", "gemma2", "gemma3", "phi3", "phi3_partial"]
+ARCH_KWARGS = {"phi3": {"max_model_len": 1024}}  # longrope: exact up to its original context
+
+
+def _arch_kwargs(path) -> dict:
+    from pathlib import Path
+
+    return ARCH_KWARGS.get(Path(path).name, {})
 
 
 def _generate(path, monkeypatch, platform, **kw):
@@ -87,7 +97,7 @@ def _generate(path, monkeypatch, platform, **kw):
 
     _force_platform(monkeypatch, platform)
     try:
-        llm = LLM(path, block_size=16, max_num_batched_tokens=64, max_num_seqs=3, **kw)
+        llm = LLM(path, block_size=16, max_num_batched_tokens=64, max_num_seqs=3, **kw, **_arch_kwargs(path))
         vocab = llm.llm_engine.config.model_config.vocab_size
         prompts = random_prompts(vocab, LENGTHS, seed=7)
         outs = llm.generate(
@@ -105,7 +115,7 @@ def _generate(path, monkeypatch, platform, **kw):
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", GPU_ARCHS)
 @pytest.mark.parametrize("enforce_eager", [False, True])
 def test_fp32_greedy_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypatch):
     _, _, cpu_tokens = _generate(checkpoints[arch], monkeypatch, "cpu", dtype="float32")
@@ -120,7 +130,7 @@ def test_fp32_greedy_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypa
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", GPU_ARCHS)
 def test_bf16_logprobs_close_to_cpu_fp32(arch, checkpoints, monkeypatch):
     """Teacher-forced prompt logprobs of the fp32 greedy continuation, bf16 GPU vs fp32 CPU."""
     from octavo import LLM, SamplingParams
@@ -131,7 +141,7 @@ def test_bf16_logprobs_close_to_cpu_fp32(arch, checkpoints, monkeypatch):
 
     def logprobs(platform, dtype):
         _force_platform(monkeypatch, platform)
-        llm = LLM(checkpoints[arch], dtype=dtype, block_size=16, max_num_seqs=4)
+        llm = LLM(checkpoints[arch], dtype=dtype, block_size=16, max_num_seqs=4, **ARCH_KWARGS.get(arch, {}))
         outs = llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
         res = []
         for s, o in zip(seqs, outs, strict=True):

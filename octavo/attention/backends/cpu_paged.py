@@ -91,9 +91,21 @@ def build_cpu_metadata(common: CommonAttentionMetadata) -> CpuPagedMetadata:
 
 class CpuPagedImpl(AttentionImpl):
     k_layout = K_TRANSPOSED
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int) -> None:
-        super().__init__(num_heads, head_size, float(scale), num_kv_heads)
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> None:
+        super().__init__(num_heads, head_size, float(scale), num_kv_heads, sliding_window, logits_soft_cap)
+        self._window = int(self.sliding_window or 0)
+        self._soft_cap = float(self.logits_soft_cap or 0.0)
         from octavo.cpu_isa import load_extension
 
         ext = load_extension()
@@ -151,7 +163,7 @@ class CpuPagedImpl(AttentionImpl):
         self._attention(
             query.data_ptr(), query.stride(0), out.data_ptr(), H * D, ptr, md.qsl_ptr,
             md.seq_lens_ptr, md.block_table_ptr, md.bt_stride, md.num_reqs, H, Hk, D, block_size,
-            self.scale, code, self.k_layout, 0,
+            self.scale, code, self.k_layout, 0, self._window, self._soft_cap,
         )
         return out
 

@@ -28,8 +28,14 @@ def paged_attention_ref(
     kv_cache: torch.Tensor,
     md: CommonAttentionMetadata,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention for a mixed batch, reading K/V only through block tables."""
+    """Causal attention for a mixed batch, reading K/V only through block tables.
+
+    With ``sliding_window`` a query at position p sees keys ``(p - window, p]``; blocks wholly
+    before the first query's window are not read (their table entries may be stale).
+    """
     num_tokens, num_heads, head_size = query.shape
     block_size = kv_cache.shape[2]
     num_kv_heads = kv_cache.shape[3]
@@ -42,26 +48,38 @@ def paged_attention_ref(
             continue
         seq_len = int(md.seq_lens_cpu[i])
         ctx = seq_len - (qe - qs)
+        first = max(0, ctx - sliding_window + 1) // block_size if sliding_window else 0
+        k0 = first * block_size  # absolute position of the first gathered key
         num_blocks = -(-seq_len // block_size)
-        blocks = md.block_table[i, :num_blocks].long()
-        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
-        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_size)[:seq_len]
+        blocks = md.block_table[i, first:num_blocks].long()
+        k = kv_cache[0, blocks].reshape(-1, num_kv_heads, head_size)[: seq_len - k0]
+        v = kv_cache[1, blocks].reshape(-1, num_kv_heads, head_size)[: seq_len - k0]
         k = k.float().repeat_interleave(group, dim=1)  # [L, H, D]
         v = v.float().repeat_interleave(group, dim=1)
         q = query[qs:qe].float()  # [nq, H, D]
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if logits_soft_cap:
+            scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
         q_pos = torch.arange(ctx, seq_len, device=query.device)[:, None]
-        k_pos = torch.arange(seq_len, device=query.device)[None, :]
-        scores.masked_fill_(k_pos > q_pos, float("-inf"))
+        k_pos = torch.arange(k0, seq_len, device=query.device)[None, :]
+        hidden = k_pos > q_pos
+        if sliding_window:
+            hidden |= k_pos <= q_pos - sliding_window
+        scores.masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[qs:qe] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out
 
 
 class TorchRefImpl(AttentionImpl):
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
+
     def forward(self, query, key, value, kv_cache, attn_metadata):
         write_kv(key, value, kv_cache, attn_metadata.slot_mapping)
-        return paged_attention_ref(query, kv_cache, attn_metadata, self.scale)
+        return paged_attention_ref(
+            query, kv_cache, attn_metadata, self.scale, self.sliding_window, self.logits_soft_cap
+        )
 
 
 class TorchRefBackend(StackedKVCacheBackend):

@@ -56,6 +56,9 @@ class TritonPagedMetadata:
 
 
 class TritonPagedImpl(AttentionImpl):
+    supports_sliding_window = True
+    supports_logits_soft_cap = True
+
     def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata):
         from octavo.attention.ops.paged_attention import alloc_workspace, paged_attention, write_kv
 
@@ -75,6 +78,7 @@ class TritonPagedImpl(AttentionImpl):
         return paged_attention(
             query, kv_cache, out, md.query_start_loc, md.seq_lens, md.block_table,
             md.num_reqs, md.max_query_len, self.scale, segments, workspace,
+            sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap,
         )
 
 

@@ -78,6 +78,8 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr,
     IEEE: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr = 0,
+    SOFTCAP: tl.constexpr = 0.0,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -111,12 +113,16 @@ def _paged_attention_kernel(
     # Keys this query block can see: up to the causal limit of its last query.
     kv_end = tl.minimum(seq_len, context_len + (local_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(kv_end, TILE)
+    # Sliding window: tiles wholly before the first row's window are never read.
+    first_tile = 0
+    if SLIDING_WINDOW > 0:
+        first_tile = tl.maximum(context_len + local_block * BLOCK_Q - SLIDING_WINDOW + 1, 0) // TILE
     if NUM_SEGMENTS > 1:
-        tiles_per_seg = tl.cdiv(tl.cdiv(seq_len, TILE), NUM_SEGMENTS)
-        tile_lo = segment * tiles_per_seg
+        tiles_per_seg = tl.cdiv(tl.cdiv(seq_len, TILE) - first_tile, NUM_SEGMENTS)
+        tile_lo = first_tile + segment * tiles_per_seg
         tile_hi = tl.minimum(tile_lo + tiles_per_seg, num_tiles)
     else:
-        tile_lo = 0
+        tile_lo = first_tile
         tile_hi = num_tiles
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -152,8 +158,14 @@ def _paged_attention_kernel(
             s = tl.dot(q, k, input_precision="ieee")
         else:
             s = tl.dot(q, k)
-        s = s * scale_log2
+        if SOFTCAP > 0.0:  # cap * tanh(score / cap), on the scaled score (Gemma 2)
+            s = s * (scale_log2 / 1.4426950408889634) / SOFTCAP
+            s = (2.0 * tl.sigmoid(2.0 * s) - 1.0) * (SOFTCAP * 1.4426950408889634)
+        else:
+            s = s * scale_log2
         visible = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_abs[:, None])
+        if SLIDING_WINDOW > 0:
+            visible = visible & (k_pos[None, :] > q_abs[:, None] - SLIDING_WINDOW)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -296,12 +308,16 @@ def paged_attention(
     num_segments: int = 1,
     workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     tile: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of ``query`` [T, H, D] over each request's cached + new keys.
 
     ``num_segments > 1`` selects the split-KV variant (``workspace`` may hold its partial
     buffers, from ``alloc_workspace``; else they are allocated here). ``tile``: keys per
-    loop iteration (default 64, 32 for head sizes over 128). Writes into ``out``.
+    loop iteration (default 64, 32 for head sizes over 128). ``sliding_window``: a query at
+    position p sees keys (p - window, p] only. ``logits_soft_cap``: scores become
+    ``cap * tanh(score / cap)`` before the softmax. Writes into ``out``.
     """
     num_tokens, num_heads, head_size = query.shape
     if num_tokens == 0:
@@ -341,6 +357,8 @@ def paged_attention(
         BLOCK_Q=block_q,
         NUM_SEGMENTS=num_segments,
         IEEE=query.dtype == torch.float32,
+        SLIDING_WINDOW=sliding_window or 0,
+        SOFTCAP=float(logits_soft_cap or 0.0),
         num_warps=num_warps,
         num_stages=2,
     )

@@ -1,0 +1,162 @@
+"""Sliding-window attention and logit soft-capping in every backend that implements them.
+
+The reference is dense float64 attention per request written out here (not ``torch_ref``), so
+``torch_ref`` itself is checked too. Blocks wholly outside every query's window are pointed at
+the null block filled with NaN: a kernel that read one would return NaN.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from octavo import cpu_isa
+from octavo.attention.backends.torch_ref import paged_attention_ref, write_kv
+from tests.attention.paged_cases import make_batch, rel_err
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+BS = 16
+# (context, query): decodes far past the window, chunks crossing it, a prefill from scratch
+# longer than the window, short ones inside it.
+SEQS = [(100, 1), (70, 20), (0, 45), (3, 2), (47, 1), (33, 17)]
+WINDOW = 24
+CAP = 5.0
+
+
+def _batch(dtype, heads=4, kv_heads=2, head_size=32, seed=0):
+    q, k, v, cache, md = make_batch(SEQS, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
+                                    block_size=BS, dtype=dtype, seed=seed)
+    return q, k, v, cache, md
+
+
+def _poison_outside_window(cache: torch.Tensor, md, window: int) -> None:
+    """Point block-table entries wholly before every query's window at block 0, filled with NaN."""
+    cache[:, 0] = float("nan")
+    for i in range(md.num_reqs):
+        q_len = int(md.query_start_loc_cpu[i + 1] - md.query_start_loc_cpu[i])
+        first_q = int(md.seq_lens_cpu[i]) - q_len
+        dead = max(0, first_q - window + 1) // BS
+        md.block_table[i, :dead] = 0
+
+
+def dense_reference(q, k, v, cache, md, scale, window=None, cap=None):
+    """Per request, all keys through the block table, masks written out, float64."""
+    c = cache.double().clone()
+    write_kv(k.double(), v.double(), c, md.slot_mapping)
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    hk, d = c.shape[3], c.shape[4]
+    group = q.shape[1] // hk
+    for i in range(md.num_reqs):
+        qs, qe = int(md.query_start_loc_cpu[i]), int(md.query_start_loc_cpu[i + 1])
+        n = int(md.seq_lens_cpu[i])
+        blocks = md.block_table[i, : -(-n // BS)].long()
+        keys = c[0, blocks].reshape(-1, hk, d)[:n].repeat_interleave(group, 1)
+        vals = c[1, blocks].reshape(-1, hk, d)[:n].repeat_interleave(group, 1)
+        for j in range(qe - qs):
+            p = n - (qe - qs) + j
+            s = torch.einsum("hd,khd->hk", q[qs + j].double(), keys) * scale
+            if cap:
+                s = cap * torch.tanh(s / cap)
+            lo = p - window + 1 if window else 0
+            ok = (torch.arange(n) <= p) & (torch.arange(n) >= lo)
+            s[:, ~ok] = float("-inf")
+            out[qs + j] = torch.einsum("hk,khd->hd", torch.softmax(s, -1), vals)
+    return out
+
+
+@pytest.mark.parametrize("window,cap", [(WINDOW, None), (None, CAP), (WINDOW, CAP), (16, None)])
+def test_torch_ref(window, cap):
+    q, k, v, cache, md = _batch(torch.float32)
+    ref = dense_reference(q, k, v, cache, md, 32**-0.5, window, cap)
+    if window:
+        _poison_outside_window(cache, md, window)
+    c = cache.clone()
+    write_kv(k, v, c, md.slot_mapping)
+    out = paged_attention_ref(q, c, md, 32**-0.5, window, cap)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < 1e-6
+
+
+def _cpu_variants() -> list[str]:
+    if cpu_isa.extension_unavailable_reason() is not None:
+        return []
+    return [v for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)) for v in cpu_isa.ISA_VARIANTS[isa]
+            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v)]
+
+
+@pytest.mark.parametrize("variant", _cpu_variants())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("window,cap", [(WINDOW, None), (None, CAP), (WINDOW, CAP), (16, None)])
+def test_cpu_paged(variant, dtype, window, cap):
+    from octavo.attention.backends.cpu_paged import (
+        DTYPE_CODES,
+        build_cpu_metadata,
+        cache_from_reference,
+    )
+
+    q, k, v, cache, md = _batch(dtype, head_size=64)
+    scale = 64**-0.5
+    ref = dense_reference(q, k, v, cache, md, scale, window, cap)
+    if window:
+        _poison_outside_window(cache, md, window)
+    ext = cpu_isa.load_variant(variant)
+    c = cache_from_reference(cache)
+    m = build_cpu_metadata(md)
+    code = DTYPE_CODES[dtype]
+    ext.write_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                 c.data_ptr(), m.slot_mapping_ptr, md.num_actual_tokens, 2, 64, BS, code, 0, 0)
+    out = torch.full_like(q, float("nan"))
+    ext.paged_attention(q.data_ptr(), q.stride(0), out.data_ptr(), 4 * 64, c.data_ptr(), m.qsl_ptr,
+                        m.seq_lens_ptr, m.block_table_ptr, m.block_table.stride(0), md.num_reqs, 4, 2, 64, BS,
+                        scale, code, 0, 0, window or 0, cap or 0.0)
+    assert not torch.isnan(out).any(), "read a block outside the window, or left output unwritten"
+    assert rel_err(out, ref) < (2e-6 if dtype == torch.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("window,cap", [(WINDOW, None), (WINDOW, CAP), (None, CAP)])
+def test_triton_paged_interpreted(segments, window, cap):
+    pytest.importorskip("triton")
+    from octavo.attention.ops.paged_attention import paged_attention
+    from octavo.attention.ops.paged_attention import write_kv as triton_write_kv
+
+    seqs = SEQS if segments == 1 else [(100, 1), (47, 1), (3, 1)]  # split-KV is decode-only
+    q, k, v, cache, md = make_batch(seqs, num_heads=4, num_kv_heads=2, head_size=32, block_size=BS,
+                                    dtype=torch.float32, seed=1)
+    ref = dense_reference(q, k, v, cache, md, 32**-0.5, window, cap)
+    if window:
+        _poison_outside_window(cache, md, window)
+    triton_write_kv(k, v, cache, md.slot_mapping)
+    out = torch.full_like(q, float("nan"))
+    paged_attention(q, cache, out, md.query_start_loc, md.seq_lens, md.block_table, md.num_reqs,
+                    md.max_query_len, 32**-0.5, num_segments=segments, tile=16,
+                    sliding_window=window, logits_soft_cap=cap)
+    assert not torch.isnan(out).any()
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_backend_without_support_refuses():
+    from octavo.attention.backend import AttentionImpl
+
+    class NoWindow(AttentionImpl):
+        pass
+
+    with pytest.raises(ValueError, match="does not implement sliding-window attention"):
+        NoWindow(4, 32, 1.0, 2, sliding_window=8)
+    with pytest.raises(ValueError, match="soft-capping"):
+        NoWindow(4, 32, 1.0, 2, logits_soft_cap=30.0)
+    assert NoWindow(4, 32, 1.0, 2).sliding_window is None
+
+
+def test_dense_reference_is_not_trivial():
+    """The window changes the result on this batch (the tests above could not pass by ignoring it)."""
+    q, k, v, cache, md = _batch(torch.float32)
+    full = dense_reference(q, k, v, cache, md, 32**-0.5)
+    win = dense_reference(q, k, v, cache, md, 32**-0.5, WINDOW)
+    assert rel_err(win, full) > 1e-2
+    assert np.all(md.seq_lens_cpu[[0, 1]] > 3 * BS)
