@@ -63,7 +63,7 @@ def check_parallel(tensor_parallel_size: int) -> None:
 
     if tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1; got {tensor_parallel_size}")
-    if current_platform.device_type == "cpu":
+    if current_platform.device_is_host():  # the CPU: one worker process per core
         have = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         what = "CPU cores"
     else:
@@ -79,7 +79,7 @@ def warn_ignored(args: argparse.Namespace) -> None:
     """Flags that are valid but have no effect on the resolved platform: say so once."""
     from octavo.platforms import current_platform
 
-    if current_platform.device_type == "cpu" and getattr(args, "gpu_memory_utilization", 0.9) != 0.9:
+    if current_platform.device_is_host() and getattr(args, "gpu_memory_utilization", 0.9) != 0.9:
         logger.warning(
             "--gpu-memory-utilization has no effect on the CPU: the KV cache takes "
             "OCTAVO_CPU_KVCACHE_SPACE GiB of host memory instead"

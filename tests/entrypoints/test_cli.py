@@ -185,7 +185,7 @@ def test_gpu_memory_utilization_on_cpu_is_not_silently_ignored(caplog):
     from octavo.entrypoints.preflight import warn_ignored
     from octavo.platforms import current_platform
 
-    if current_platform.device_type != "cpu":
+    if not current_platform.device_is_host():
         pytest.skip("CPU policy")
     with caplog.at_level("WARNING"):
         warn_ignored(argparse.Namespace(gpu_memory_utilization=0.9))
