@@ -215,3 +215,13 @@ def test_info_models_lists_the_registry_with_features():
     assert "gguf" in rows["LlamaForCausalLM"] and "gguf" not in rows["Gemma2ForCausalLM"]
     assert {"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"} <= set(rows)
     assert "--enable-expert-parallel" in r.stdout
+
+
+def test_cli_choices_match_what_the_builder_accepts():
+    """The CLI's choices are literals (no torch import for --help); they must track the builder."""
+    from octavo.core.block_hash import HASH_ALGOS
+    from octavo.engine.arg_utils import LOAD_FORMATS
+    from octavo.entrypoints.engine_cli import CHOICES
+
+    assert CHOICES["load_format"] == list(LOAD_FORMATS)
+    assert CHOICES["prefix_caching_hash_algo"] == list(HASH_ALGOS)
