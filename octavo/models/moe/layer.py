@@ -155,13 +155,14 @@ class FusedMoE(nn.Module):
         """Global expert ids -> this rank's ids; experts elsewhere -> ``num_local_experts``."""
         return to_local_ids(ids, self.expert_start, self.num_local_experts, self.num_experts)
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """``hidden`` [T, H], ``router_logits`` [T, E] -> [T, H], summed over ranks."""
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """``hidden`` [T, H], ``router_logits`` [T, E] -> [T, H], summed over ranks (or this
+        rank's partial sum with ``reduce=False``, for a caller that adds more before reducing)."""
         weights, ids = self.kernel.route(
             router_logits, self.top_k, self.renormalize, self.expert_start, self.num_local_experts
         )
         out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, weights, ids)
-        return self.tp.all_reduce(out) if self.tp.world_size > 1 else out
+        return self.tp.all_reduce(out) if reduce and self.tp.world_size > 1 else out
 
     def activation_bytes(self, num_tokens: int) -> int:
         """Peak bytes the grouped kernels hold for ``num_tokens`` tokens (routing included)."""
