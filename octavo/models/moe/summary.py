@@ -54,13 +54,16 @@ def moe_cost(cfg, tensor_parallel_size: int = 1) -> MoECost:
     return MoECost(total, experts, active, per_rank, len(sparse))
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def moe_summary(
     cfg, dtype_bytes: int, tensor_parallel_size: int, expert_parallel: bool, max_num_batched_tokens: int
 ) -> dict[str, str]:
     """Labelled lines for ``octavo info``."""
     spec = moe_spec(cfg)
     cost = moe_cost(cfg, tensor_parallel_size)
-    gib = 2**30
     tp = tensor_parallel_size
     shared = f", shared expert I={spec.shared_intermediate_size}" if spec.shared_intermediate_size else ""
     out = {
@@ -79,10 +82,11 @@ def moe_summary(
         )
     else:
         out["expert placement"] = "one rank holds every expert (--tensor-parallel-size N shards them)"
+    b = dtype_bytes
     out["weights"] = (
-        f"{cost.total_params * dtype_bytes / gib:.2f} GiB total ({cost.expert_params * dtype_bytes / gib:.2f} "
-        f"GiB experts), {cost.params_per_rank * dtype_bytes / gib:.2f} GiB per rank at tp={tp}; "
-        f"{cost.active_params * dtype_bytes / gib:.2f} GiB active per decode token"
+        f"{_size(cost.total_params * b)} total ({_size(cost.expert_params * b)} experts), "
+        f"{_size(cost.params_per_rank * b)} per rank at tp={tp}; "
+        f"{_size(cost.active_params * b)} active per decode token"
     )
     local_experts = spec.num_experts // tp if expert_parallel else spec.num_experts
     local_inter = spec.intermediate_size if expert_parallel else spec.intermediate_size // tp
@@ -90,7 +94,7 @@ def moe_summary(
         max_num_batched_tokens, spec.top_k, local_experts, spec.num_experts, local_inter, cfg.hidden_size, dtype_bytes
     )
     out["moe activation peak"] = (
-        f"{peak / 2**20:.1f} MiB per MoE layer at {max_num_batched_tokens} batched tokens "
+        f"{_size(peak)} per MoE layer at {max_num_batched_tokens} batched tokens "
         f"({max_num_batched_tokens * spec.top_k} token-expert pairs)"
     )
     return out
