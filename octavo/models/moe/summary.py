@@ -30,21 +30,25 @@ def moe_cost(cfg, tensor_parallel_size: int = 1) -> MoECost:
     heads = cfg.num_attention_heads
     kv = getattr(cfg, "num_key_value_heads", None) or heads
     hd = getattr(cfg, "head_dim", None) or h // heads
-    attn = h * hd * (2 * heads + 2 * kv)
-    norms = 2 * h
+    attn = h * hd * (2 * heads + 2 * kv)  # q/k/v/o matrices: sharded by heads
+    attn_bias = bool(getattr(cfg, "attention_bias", False))
+    if attn_bias or (cfg.model_type == "qwen2_moe" and getattr(cfg, "qkv_bias", True)):
+        attn += hd * (heads + 2 * kv)  # q/k/v biases: sharded with their heads
+    # Replicated on every rank: the o_proj bias, Qwen3's q/k RMSNorms, the layer norms.
+    replicated = (h if attn_bias else 0) + (2 * hd if cfg.model_type == "qwen3_moe" else 0) + 2 * h
     dense_mlp = 3 * h * cfg.intermediate_size
     expert = 3 * h * spec.intermediate_size
-    shared = (3 * h * spec.shared_intermediate_size + h) if spec.shared_intermediate_size else 0
-    router = spec.num_experts * h
+    shared = 3 * h * spec.shared_intermediate_size
+    router = spec.num_experts * h + (h if shared else 0)  # router (+ shared-expert gate): replicated
     sparse = [i for i in range(cfg.num_hidden_layers) if spec.is_sparse(i)]
     n_dense = cfg.num_hidden_layers - len(sparse)
     embed = cfg.vocab_size * h * (1 if getattr(cfg, "tie_word_embeddings", False) else 2)
     experts = len(sparse) * spec.num_experts * expert
-    layers = cfg.num_hidden_layers * (attn + norms) + n_dense * dense_mlp + len(sparse) * (router + shared)
+    layers = cfg.num_hidden_layers * (attn + replicated) + n_dense * dense_mlp + len(sparse) * (router + shared)
     total = layers + experts + embed + h
     active = layers + len(sparse) * spec.top_k * expert + cfg.vocab_size * h + h
     per_rank = (
-        cfg.num_hidden_layers * (attn // tp + norms)
+        cfg.num_hidden_layers * (attn // tp + replicated)
         + n_dense * dense_mlp // tp
         + len(sparse) * (router + shared // tp)
         + experts // tp
