@@ -178,8 +178,10 @@ def grouped_activation_bytes(
 ) -> int:
     """Bytes live at the peak of one MoE layer over ``num_tokens`` tokens: router
     probabilities and top-k, the expert-sorted pair ids padded to the largest block (128), the
-    SiLU-gated intermediate [pairs, I_local], the per-pair outputs [pairs, H] and the result."""
+    SiLU-gated intermediate [pairs, I_local], the per-pair outputs [pairs, H] and the result,
+    plus 1 MiB for the allocator's rounding of the many small buffers."""
     pairs = num_tokens * top_k
     routing = num_tokens * num_experts * 4 + pairs * (4 + 8)
     sort = (pairs + (local_experts + 1) * 127) * 4 + pairs * 8 * 3
-    return routing + sort + pairs * (local_inter + hidden) * elem + num_tokens * hidden * elem
+    slack = 1 << 20
+    return routing + sort + pairs * (local_inter + hidden) * elem + num_tokens * hidden * elem + slack
