@@ -5,7 +5,8 @@
 # Steps (default: all, in this order): env pytest_kernels octavo_llama8b hf_llama8b
 #   pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b
 #   (pytest_llama: the engine tests of the llama fixture and memory profiling only;
-#    async_llama8b: batch-1 TPOT with async scheduling on vs off, bandwidth in the same process)
+#    async_llama8b: batch-1 TPOT with async scheduling on vs off, bandwidth in the same process;
+#    pytest_moe, moe: the mixture-of-experts GPU tests and the Qwen3-30B-A3B-shape benchmark)
 set -u
 OUT=${OUT:-/tmp/h200}
 mkdir -p "$OUT"
@@ -50,6 +51,10 @@ step_hf_qwen05b() { run 60 bench.log $B hf-generate --shape qwen05b; }
 step_kernels() { run 60 bench.log $B kernels; }
 step_hfbatch_llama8b() { run 150 bench.log $B hf-generate-batch --shape llama8b; }
 step_hfbatch_qwen05b() { run 90 bench.log $B hf-generate-batch --shape qwen05b; }
+# Mixture of experts: the MoE kernel/engine GPU tests, then the Qwen3-30B-A3B-shape benchmark
+# (grouped kernel vs per-expert loops, batch-1 TPOT vs active-weight roofline, throughput, HF).
+step_pytest_moe() { run 120 pytest_moe.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rfE tests/models/moe tests/models/test_llama_moe.py; }
+step_moe() { run 245 bench_moe.txt python3 benchmarks/bench_moe.py all --out "$OUT/bench_moe.json" --kernel-timeout 40 --timeout 115 --hf-timeout 85; }
 
 STEPS=${*:-env pytest_kernels octavo_llama8b hf_llama8b pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b}
 for s in $STEPS; do "step_$s"; done
@@ -59,4 +64,6 @@ if [ -f "$OUT/bench.log" ]; then
   grep -E "^### rc" "$OUT/bench.log"
 fi
 [ -f "$OUT/pytest.log" ] && grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5
+[ -f "$OUT/pytest_moe.log" ] && grep -E "passed|failed|error" "$OUT/pytest_moe.log" | tail -3
+[ -f "$OUT/bench_moe.txt" ] && grep -E "^\[(kernel|octavo)" "$OUT/bench_moe.txt"
 [ -f "$OUT/nox.log" ] && grep -E "passed|failed|error|Session|rc=" "$OUT/nox.log" | tail -8

@@ -188,6 +188,7 @@ class EngineArgs:
     def _model_config(self) -> ModelConfig:
         model_dir = resolve_model_path(self.model, self.revision, self.download_dir)
         hf_config, arch = load_hf_config(model_dir)
+        self._check_experts(hf_config, arch)
         return ModelConfig(
             model=model_dir,
             tokenizer=resolve_tokenizer_path(self.tokenizer, model_dir, self.tokenizer_revision, self.download_dir),
@@ -210,18 +211,37 @@ class EngineArgs:
             self.quantization, getattr(hf_config, "quantization_config", None),
             current_platform.name, current_platform.supported_quantization,
         )
-        moe = arch in MOE_ARCHITECTURES
-        if method is not None and moe:
+        if method is not None and arch in MOE_ARCHITECTURES:
             raise ValueError(
                 f"quantization method {method!r} is not supported for mixture-of-experts models "
                 f"({arch}): the expert kernels run bfloat16, float16 or float32 weights only"
             )
-        if self.enable_expert_parallel and not moe:
-            raise ValueError(
-                f"{flag('enable_expert_parallel')} applies to mixture-of-experts models; {arch} has no "
-                f"experts (MoE architectures: {', '.join(sorted(MOE_ARCHITECTURES))})"
-            )
         return method
+
+    def _check_experts(self, hf_config: Any, arch: str) -> None:
+        """``--enable-expert-parallel`` needs experts, and the experts must split over the ranks."""
+        from octavo.models.registry import MOE_ARCHITECTURES
+
+        if arch not in MOE_ARCHITECTURES:
+            if self.enable_expert_parallel:
+                raise ValueError(
+                    f"{flag('enable_expert_parallel')} applies to mixture-of-experts models; {arch} has "
+                    f"no experts (MoE architectures: {', '.join(sorted(MOE_ARCHITECTURES))})"
+                )
+            return
+        from octavo.models.llama_moe import moe_spec
+
+        spec, tp = moe_spec(hf_config), self.tensor_parallel_size
+        if self.enable_expert_parallel and spec.num_experts % tp:
+            raise ValueError(
+                f"{flag('enable_expert_parallel')}: the model's {spec.num_experts} experts do not divide "
+                f"over {flag('tensor_parallel_size')} {tp} ranks"
+            )
+        if not self.enable_expert_parallel and spec.intermediate_size % tp:
+            raise ValueError(
+                f"the experts' intermediate size ({spec.intermediate_size}) is not divisible by "
+                f"{flag('tensor_parallel_size')} {tp}; try --enable-expert-parallel"
+            )
 
     def _dtype(self, hf_config: Any) -> torch.dtype:
         """``auto``: the platform's choice for the checkpoint's dtype; else the flag, if supported."""

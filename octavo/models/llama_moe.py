@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.models.layers import fused_ops_of, linear, silu_and_mul
 from octavo.models.llama import LlamaForCausalLM, LlamaMLP
 from octavo.models.moe.layer import FusedMoE
 
@@ -79,11 +80,18 @@ class SparseMoeBlock(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # The router stays in plain torch: its logits decide the top-k, so they are computed
         # exactly as transformers computes them.
-        out = self.experts(hidden, F.linear(hidden, self.gate.weight))
-        if self.shared_expert is not None:
-            shared = self.shared_expert(hidden)
-            out = out + torch.sigmoid(F.linear(hidden, self.shared_expert_gate.weight)) * shared
-        return out
+        logits = F.linear(hidden, self.gate.weight)
+        se = self.shared_expert
+        if se is None:
+            return self.experts(hidden, logits)
+        gate = torch.sigmoid(F.linear(hidden, self.shared_expert_gate.weight))
+        tp = self.experts.tp
+        if tp.world_size == 1 or se.down_proj.bias is not None:
+            return self.experts(hidden, logits) + gate * se(hidden)
+        # Tensor parallel: one all-reduce for both. Every rank adds its experts' partial sum to
+        # its rows of the shared expert (gate is per token, so it distributes over the sum).
+        shared = F.linear(silu_and_mul(linear(se.gate_up_proj, hidden), fused_ops_of(se)), se.down_proj.weight)
+        return tp.all_reduce(self.experts(hidden, logits, reduce=False) + gate * shared)
 
 
 class MoeForCausalLM(LlamaForCausalLM):

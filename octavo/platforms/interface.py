@@ -16,8 +16,9 @@ stateless answers, never instantiated. The surface, in four parts:
   ``supported_kv_cache_dtypes``, ``supported_block_sizes`` / ``default_block_size``,
   ``supported_quantization``.
 - choices, each with the reason ``octavo info`` prints: ``get_attn_backend`` (a priority walk),
-  ``get_graph_capture``, ``get_communicator``; and ``check_and_update_config``, the single hook
-  for platform policy.
+  ``get_graph_capture``, ``get_communicator``; ``moe_backend_priority`` (mixture-of-experts
+  kernels by name, walked by ``octavo.models.moe.kernels.choose_kernel``); and
+  ``check_and_update_config``, the single hook for platform policy.
 
 Heavy vendor modules (Triton, IPEX, torch_xla, the C++ extension) are named by qualified class
 path and imported only once the platform is chosen. Plugins build against ``api_version``; a

@@ -63,3 +63,14 @@ def test_moe_tp2_and_expert_parallel_on_two_gpus(arch, checkpoints):
     reference = _generate(path, 1)
     assert _generate(path, 2) == reference
     assert _generate(path, 2, ep=True) == reference
+
+
+@pytest.mark.usefixtures("cpu_platform")
+def test_experts_that_do_not_split_over_the_ranks_are_refused_early(checkpoints):
+    from octavo.engine.arg_utils import EngineArgs
+
+    path = checkpoints["qwen3_moe"]  # 8 experts, I=48
+    with pytest.raises(ValueError, match="8 experts do not divide over --tensor-parallel-size"):
+        EngineArgs(model=path, tensor_parallel_size=3, enable_expert_parallel=True).create_engine_config()
+    with pytest.raises(ValueError, match=r"intermediate size \(48\) is not divisible.*5; try --enable-expert-parallel"):
+        EngineArgs(model=path, tensor_parallel_size=5).create_engine_config()

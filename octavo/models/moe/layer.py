@@ -155,13 +155,14 @@ class FusedMoE(nn.Module):
         """Global expert ids -> this rank's ids; experts elsewhere -> ``num_local_experts``."""
         return to_local_ids(ids, self.expert_start, self.num_local_experts, self.num_experts)
 
-    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """``hidden`` [T, H], ``router_logits`` [T, E] -> [T, H], summed over ranks."""
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """``hidden`` [T, H], ``router_logits`` [T, E] -> [T, H], summed over ranks (or this
+        rank's partial sum with ``reduce=False``, for a caller that adds more before reducing)."""
         weights, ids = self.kernel.route(
             router_logits, self.top_k, self.renormalize, self.expert_start, self.num_local_experts
         )
         out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, weights, ids)
-        return self.tp.all_reduce(out) if self.tp.world_size > 1 else out
+        return self.tp.all_reduce(out) if reduce and self.tp.world_size > 1 else out
 
     def activation_bytes(self, num_tokens: int) -> int:
         """Peak bytes the grouped kernels hold for ``num_tokens`` tokens (routing included)."""
@@ -177,8 +178,10 @@ def grouped_activation_bytes(
 ) -> int:
     """Bytes live at the peak of one MoE layer over ``num_tokens`` tokens: router
     probabilities and top-k, the expert-sorted pair ids padded to the largest block (128), the
-    SiLU-gated intermediate [pairs, I_local], the per-pair outputs [pairs, H] and the result."""
+    SiLU-gated intermediate [pairs, I_local], the per-pair outputs [pairs, H] and the result,
+    plus 1 MiB for the allocator's rounding of the many small buffers."""
     pairs = num_tokens * top_k
     routing = num_tokens * num_experts * 4 + pairs * (4 + 8)
     sort = (pairs + (local_experts + 1) * 127) * 4 + pairs * 8 * 3
-    return routing + sort + pairs * (local_inter + hidden) * elem + num_tokens * hidden * elem
+    slack = 1 << 20
+    return routing + sort + pairs * (local_inter + hidden) * elem + num_tokens * hidden * elem + slack
