@@ -118,17 +118,16 @@ def test_cpu_paged(variant, dtype, window, cap):
     assert rel_err(out, ref) < (2e-6 if dtype == torch.float32 else 1e-2)
 
 
-@pytest.mark.parametrize("segments", [1, 2])
-@pytest.mark.parametrize("window,cap", [(WINDOW, None), (WINDOW, CAP), (None, CAP)])
-def test_triton_paged_interpreted(segments, window, cap):
+def _check_triton(device: str, dtype, segments: int, window, cap, tol: float) -> None:
     pytest.importorskip("triton")
     from octavo.attention.ops.paged_attention import paged_attention
     from octavo.attention.ops.paged_attention import write_kv as triton_write_kv
 
     seqs = SEQS if segments == 1 else [(100, 1), (47, 1), (3, 1)]  # split-KV is decode-only
-    q, k, v, cache, md = make_batch(seqs, num_heads=4, num_kv_heads=2, head_size=32, block_size=BS,
-                                    dtype=torch.float32, seed=1)
+    kw = dict(num_heads=4, num_kv_heads=2, head_size=32, block_size=BS, dtype=dtype, seed=1)
+    q, k, v, cache, md = make_batch(seqs, **kw)  # the same data on the CPU for the reference
     ref = dense_reference(q, k, v, cache, md, 32**-0.5, window, cap)
+    q, k, v, cache, md = make_batch(seqs, device=device, **kw)
     if window:
         _poison_outside_window(cache, md, window)
     triton_write_kv(k, v, cache, md.slot_mapping)
@@ -137,7 +136,26 @@ def test_triton_paged_interpreted(segments, window, cap):
                     md.max_query_len, 32**-0.5, num_segments=segments, tile=16,
                     sliding_window=window, logits_soft_cap=cap)
     assert not torch.isnan(out).any()
-    assert rel_err(out, ref) < 1e-5
+    assert rel_err(out, ref) < tol
+
+
+CASES = [(WINDOW, None), (WINDOW, CAP), (None, CAP)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("window,cap", CASES)
+def test_triton_paged_interpreted(segments, window, cap):
+    _check_triton("cpu", torch.float32, segments, window, cap, 1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("window,cap", CASES)
+def test_triton_paged_gpu(dtype, segments, window, cap):
+    _check_triton("cuda", dtype, segments, window, cap, 1e-5 if dtype == torch.float32 else 2e-2)
 
 
 def test_backend_without_support_refuses():
