@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Microbenchmark of octavo's CPU paged-attention kernels against ``torch_ref``, same run.
 
-Default case (the issue's acceptance): decode attention for 32 sequences x 1024 tokens of
+Default case: decode attention for 32 sequences x 1024 tokens of
 context with the Llama-3-8B head configuration (32 query heads, 8 KV heads, head size 128),
 bf16, block size 16. Everything is timed in this process on the same batch; the JSON carries
 the times (median, min, max over repeats) and the ratios ``torch_ref / cpu_paged``.

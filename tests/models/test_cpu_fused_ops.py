@@ -140,6 +140,7 @@ def test_prepacked_linear_matches_and_tracks_weight_updates():
     for m in (1, 5, 32):
         x = torch.randn(m, 576).to(torch.bfloat16)
         check(x)
+    assert lin.__dict__.get("_octavo_packed") is not None  # the bound kernels packed the weight
     with torch.no_grad():
         lin.weight.mul_(2)  # in place: the packed copy must be rebuilt
     check(x)
