@@ -68,26 +68,60 @@ inline void require(bool ok, const char* fn, const View& v, const std::string& w
   if (!ok) fail(fn, std::string(v.name) + " " + v.shape() + " " + what);
 }
 
+// Attribute names, interned once (the per-call cost is then a few dict lookups per tensor).
+struct Names {
+  PyObject *is_cpu, *dtype, *shape, *stride, *data_ptr;
+};
+
+inline const Names& names() {
+  static const Names n = {PyUnicode_InternFromString("is_cpu"), PyUnicode_InternFromString("dtype"),
+                          PyUnicode_InternFromString("shape"), PyUnicode_InternFromString("stride"),
+                          PyUnicode_InternFromString("data_ptr")};
+  return n;
+}
+
+// New reference to t.<name> (or t.<name>() with call), or a ValueError naming the tensor.
+inline py::object get(const char* fn, const char* tensor, py::handle t, PyObject* name, bool call) {
+  PyObject* r = call ? PyObject_CallMethodObjArgs(t.ptr(), name, nullptr) : PyObject_GetAttr(t.ptr(), name);
+  if (r == nullptr) {
+    PyErr_Clear();
+    fail(fn, std::string(tensor) + " must be a torch tensor");
+  }
+  return py::reinterpret_steal<py::object>(r);
+}
+
+inline int64_t as_int(const char* fn, const char* tensor, PyObject* o) {
+  const long long v = PyLong_AsLongLong(o);
+  if (v == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    fail(fn, std::string(tensor) + " must be a torch tensor");
+  }
+  return v;
+}
+
 inline View view(const char* fn, const char* name, py::handle t, int ndim) {
+  const Names& n = names();
   View v;
   v.name = name;
-  if (t.is_none() || !py::hasattr(t, "data_ptr")) fail(fn, std::string(name) + " must be a torch tensor");
-  if (!t.attr("is_cpu").cast<bool>()) fail(fn, std::string(name) + " must be a CPU tensor");
-  const py::object dt = t.attr("dtype");
+  if (t.is_none()) fail(fn, std::string(name) + " must be a torch tensor");
+  if (get(fn, name, t, n.is_cpu, false).ptr() != Py_True) fail(fn, std::string(name) + " must be a CPU tensor");
+  const py::object dt = get(fn, name, t, n.dtype, false);
   const TorchDtypes& d = torch_dtypes();
   v.dtype = dt.is(d.f32) ? kF32 : dt.is(d.f16) ? kF16 : dt.is(d.bf16) ? kBF16
           : dt.is(d.i32) ? kI32 : dt.is(d.i64) ? kI64 : kOther;
-  const py::tuple shape = t.attr("shape");
-  if ((int)shape.size() != ndim)
-    fail(fn, std::string(name) + " must have " + std::to_string(ndim) + " dimensions, got " +
-                 std::to_string(shape.size()));
-  const py::tuple strides = t.attr("stride")();
+  const py::object shape = get(fn, name, t, n.shape, false);
+  const py::object strides = get(fn, name, t, n.stride, true);
+  if (!PyTuple_Check(shape.ptr()) || !PyTuple_Check(strides.ptr())) fail(fn, std::string(name) + " must be a torch tensor");
+  const Py_ssize_t nd = PyTuple_GET_SIZE(shape.ptr());
+  if (nd != ndim || PyTuple_GET_SIZE(strides.ptr()) != nd)
+    fail(fn, std::string(name) + " must have " + std::to_string(ndim) + " dimensions, got " + std::to_string(nd));
   v.ndim = ndim;
   for (int i = 0; i < ndim; ++i) {
-    v.size[i] = shape[i].cast<int64_t>();
-    v.stride[i] = strides[i].cast<int64_t>();
+    v.size[i] = as_int(fn, name, PyTuple_GET_ITEM(shape.ptr(), i));
+    v.stride[i] = as_int(fn, name, PyTuple_GET_ITEM(strides.ptr(), i));
   }
-  v.ptr = reinterpret_cast<char*>(static_cast<intptr_t>(t.attr("data_ptr")().cast<int64_t>()));
+  const py::object ptr = get(fn, name, t, n.data_ptr, true);
+  v.ptr = reinterpret_cast<char*>(static_cast<intptr_t>(as_int(fn, name, ptr.ptr())));
   return v;
 }
 
