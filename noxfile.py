@@ -55,8 +55,8 @@ def _install(
     session.install("-e", f".[{extra}]", silent=False)
 
 
-def _pytest(session: nox.Session, marks: str) -> None:
-    """Run the tests selected by ``marks``.
+def _pytest(session: nox.Session, marks: str, workers: str | None = None) -> None:
+    """Run the tests selected by ``marks`` (over ``workers`` pytest-xdist processes if given).
 
     pytest's exit 5 ("no tests collected") is a failure on purpose: every selection here
     includes the common tests, so collecting nothing means a broken tree or a ``-- posargs``
@@ -64,7 +64,8 @@ def _pytest(session: nox.Session, marks: str) -> None:
     reads the exit code). Device-marked tests that cannot run skip with a reason instead.
     """
     try:
-        session.run("pytest", "-m", marks, "-q", "-p", "no:cacheprovider", *session.posargs)
+        parallel = ["-n", workers] if workers else []
+        session.run("pytest", "-m", marks, "-q", "-p", "no:cacheprovider", *parallel, *session.posargs)
     except nox.command.CommandFailed as e:
         if e.return_code == PYTEST_NO_TESTS:
             session.error(f"pytest collected no tests for -m {marks!r} {session.posargs}")
@@ -81,9 +82,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(name="test-cpu")
 def test_cpu(session: nox.Session) -> None:
-    """Every test not marked for an accelerator, on the CPU build of torch (CI runs this)."""
+    """Every test not marked for an accelerator, on the CPU build of torch (CI runs this),
+    spread over one pytest-xdist worker per core."""
     _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
-    _pytest(session, f"not ({DEVICE_MARKS})")
+    _pytest(session, f"not ({DEVICE_MARKS})", workers="auto")
 
 
 def _device_session(platform: str) -> None:

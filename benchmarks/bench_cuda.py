@@ -1,4 +1,4 @@
-"""CUDA benchmarks for issue 6, every number next to a baseline measured in the same run.
+"""CUDA benchmarks, every number next to a baseline measured in the same run.
 
     python benchmarks/bench_cuda.py all --out results.json          # everything below
     python benchmarks/bench_cuda.py bandwidth                        # device-to-device copy

@@ -1,4 +1,4 @@
-"""Tensor parallelism on several GPUs (issue 7): TP=2 vs TP=1, correctness and throughput.
+"""Tensor parallelism on several GPUs: TP=2 vs TP=1, correctness and throughput.
 
     python3 benchmarks/bench_tp.py correctness --tp 2   # greedy tokens / logprobs, bf16
     python3 benchmarks/bench_tp.py throughput --tp 1    # 128 x (512 in / 256 out), 8B shape

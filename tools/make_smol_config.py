@@ -10,6 +10,9 @@ downloading anything::
     python tools/make_smol_config.py --out /tmp/smol-135m
     octavo bench throughput --model /tmp/smol-135m --load-format dummy ...
 
+With ``--random-weights`` it also writes ``model.safetensors`` with transformers' random
+initialisation from a fixed seed, which every engine can load (``benchmarks/cpu_e2e_compare.py``).
+
 The tokenizer files are copied from the model shipped in the package
 (``octavo/assets/default_model``); when that folder is absent (the model is not trained yet),
 the deterministic test tokenizer from ``tests/fixtures`` is written instead. Either tokenizer's
@@ -103,7 +106,21 @@ def write_tokenizer(out: Path, source: Path | None) -> str:
     return "tests/fixtures (deterministic test tokenizer)"
 
 
-def make_smol_config(out: Path, tokenizer_source: Path | None = DEFAULT_MODEL_DIR) -> Path:
+def write_random_weights(out: Path, seed: int = 0) -> None:
+    """``model.safetensors`` with transformers' random initialisation (bf16) from a fixed seed,
+    so engines that cannot fill dummy weights (HF ``generate``, vLLM) load the same model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out), dtype=torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    print(f"wrote {out}/model.safetensors: random weights, seed {seed}")
+
+
+def make_smol_config(
+    out: Path, tokenizer_source: Path | None = DEFAULT_MODEL_DIR, random_weights: bool = False
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.safetensors"):
         stale.unlink()  # a dummy-shape folder must never pick up real weights by accident
@@ -113,7 +130,11 @@ def make_smol_config(out: Path, tokenizer_source: Path | None = DEFAULT_MODEL_DI
     cfg.update(_special_ids(tokenizer_source if from_source else out))
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}/config.json: SmolLM-135M shape, {num_parameters(cfg) / 1e6:.1f}M "
-          f"parameters (no weights: use --load-format dummy); tokenizer from {src}")
+          f"parameters; tokenizer from {src}")
+    if random_weights:
+        write_random_weights(out)
+    else:
+        print("no weights: load it with --load-format dummy (or write some with --random-weights)")
     return out
 
 
@@ -124,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
         "--tokenizer-from", type=Path, default=DEFAULT_MODEL_DIR,
         help="model folder whose tokenizer files are copied (default: the shipped model)",
     )
+    parser.add_argument(
+        "--random-weights", action="store_true",
+        help="also write model.safetensors with random weights from a fixed seed (~270 MB), for "
+        "benchmarks that compare engines which all load weights",
+    )
     args = parser.parse_args(argv)
-    make_smol_config(args.out, args.tokenizer_from)
+    make_smol_config(args.out, args.tokenizer_from, args.random_weights)
     return 0
 
 

@@ -1,7 +1,8 @@
 // octavo CPU kernels: the ISA-independent interface.
 //
-// Every kernel takes raw pointers and sizes that the Python wrapper has validated (dtype,
-// contiguity, shapes); nothing here links against libtorch. The same kernel source
+// Every kernel takes one argument struct of raw pointers and sizes; the pybind11 layer
+// (bindings.cpp) fills it from torch tensors after checking their dtypes, shapes, strides and
+// index ranges, once per call. Nothing here links against libtorch. The same kernel source
 // (kernels_impl.h) is compiled once per ISA into its own namespace (octavo::isa_<name>), so one
 // binary may hold several variants side by side (the standalone test does).
 #pragma once
@@ -17,14 +18,13 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 // for block b and KV head h the K tile is at ((b * num_kv_heads + h) * 2 + 0) * block_size * head_size
 // and the V tile right after it. Inside a tile, with P = 4 / sizeof(element) (2 for bf16/fp16,
 // 1 for fp32):
-//   K (k_layout 0, "transposed"): element (t, d) at (d / P) * block_size * P + t * P + d % P
+//   K (transposed): element (t, d) at (d / P) * block_size * P + t * P + d % P
 //       i.e. K^T [head_size / P][block_size][P]: a row of 16 consecutive tokens x P dims is one
 //       vector load, so Q.K^T is a broadcast-FMA micro-GEMM with no horizontal reductions.
-//   K (k_layout 1, "row-major", kept only for the layout benchmark): element (t, d) at t * head_size + d.
+//       (A row-major K tile measured slower; csrc/cpu/README.md has the numbers.)
 //   V: element (t, d) at (t / P) * head_size * P + d * P + t % P
 //       i.e. V [block_size / P][head_size][P]: 16 consecutive dims x P tokens per vector load.
 // P = 2 packs the two bf16 operands of one avx512_bf16 dot-product lane next to each other.
-enum KLayout : int { kKTransposed = 0, kKRowMajor = 1 };
 
 struct PagedAttentionArgs {
   const void* query;   // [num_tokens, num_heads, head_size] rows of q_stride elements
@@ -43,7 +43,6 @@ struct PagedAttentionArgs {
   int block_size;
   float scale;
   int dtype;        // DType of query, out and the cache
-  int k_layout;     // KLayout
   int num_threads;  // 0: the OpenMP runtime's current default (torch's intra-op pool size)
   // > 0: sliding-window attention, a query at position p sees keys (p - sliding_window, p]
   // only; blocks wholly before every row's window are never read (their block-table entries
@@ -65,7 +64,6 @@ struct WriteKVArgs {
   int head_size;
   int block_size;
   int dtype;
-  int k_layout;
   int num_threads;
 };
 

@@ -1,6 +1,10 @@
-// pybind11 module for one ISA variant (octavo._C_<isa>). Kernels take data pointers and sizes
-// as integers: octavo/attention/backends/cpu_paged.py and octavo/models/cpu_fused_ops.py
-// validate dtypes, shapes and strides first. Every kernel call releases the GIL.
+// pybind11 module for one ISA variant (octavo._C_<isa>). Kernels take torch tensors by keyword;
+// this file reads their data pointer, dtype, shape and strides through Python (no libtorch
+// linkage), checks them once per call against what the kernel reads -- dtypes, ranks, shapes
+// that must agree, unit inner strides, and index tensors' values (slots, positions, block ids,
+// query offsets) inside the buffers they index -- and only then fills the kernel's argument
+// struct. A bad argument is a ValueError naming the function and the tensor; no kernel ever
+// sees an unchecked pointer. Every kernel call releases the GIL.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -24,13 +28,11 @@ static const Kernels* kern() {
   return k;
 }
 
-template <class T>
-static T* ptr(int64_t p) {
-  return reinterpret_cast<T*>(static_cast<intptr_t>(p));
-}
+#include "tensor_args.h"
 
 // Runs a kernel that checks its own arguments (it returns nullptr, or why it computed nothing)
-// with the GIL released; a refusal becomes ValueError("<name>: <why>").
+// with the GIL released; a refusal becomes ValueError("<name>: <why>"), an allocation that
+// failed inside the kernel MemoryError.
 template <class Args>
 static void run_checked(const char* name, const char* (*kernel)(const Args&), const Args& a) {
   const char* err;
@@ -38,7 +40,19 @@ static void run_checked(const char* name, const char* (*kernel)(const Args&), co
     py::gil_scoped_release nogil;
     err = kernel(a);
   }
-  if (err) throw py::value_error(std::string(name) + ": " + err);
+  if (err == nullptr) return;
+  const std::string msg = std::string(name) + ": " + err;
+  if (std::string(err).rfind("out of memory", 0) == 0) {
+    PyErr_SetString(PyExc_MemoryError, msg.c_str());
+    throw py::error_already_set();
+  }
+  throw py::value_error(msg);
+}
+
+template <class Args>
+static void run_unchecked(void (*kernel)(const Args&), const Args& a) {
+  py::gil_scoped_release nogil;
+  kernel(a);
 }
 
 PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
@@ -69,126 +83,56 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
   "Pin OpenMP thread i to cpus[i] (thread 0, the caller, only with pin_caller); returns how many were pinned.");
 
   m.def("paged_attention",
-        [](int64_t query, int64_t q_stride, int64_t out, int64_t o_stride, int64_t kv_cache,
-           int64_t query_start_loc, int64_t seq_lens, int64_t block_table, int64_t bt_stride,
-           int num_reqs, int num_heads, int num_kv_heads, int head_size, int block_size,
-           float scale, int dtype, int k_layout, int num_threads, int sliding_window, float soft_cap) {
-          octavo::PagedAttentionArgs a;
-          a.query = ptr<const void>(query);
-          a.q_stride = q_stride;
-          a.out = ptr<void>(out);
-          a.o_stride = o_stride;
-          a.kv_cache = ptr<const void>(kv_cache);
-          a.query_start_loc = ptr<const int32_t>(query_start_loc);
-          a.seq_lens = ptr<const int32_t>(seq_lens);
-          a.block_table = ptr<const int32_t>(block_table);
-          a.bt_stride = bt_stride;
-          a.num_reqs = num_reqs;
-          a.num_heads = num_heads;
-          a.num_kv_heads = num_kv_heads;
-          a.head_size = head_size;
-          a.block_size = block_size;
-          a.scale = scale;
-          a.dtype = dtype;
-          a.k_layout = k_layout;
-          a.num_threads = num_threads;
-          a.sliding_window = sliding_window;
-          a.soft_cap = soft_cap;
+        [](py::handle query, py::handle out, py::handle kv_cache, py::handle query_start_loc,
+           py::handle seq_lens, py::handle block_table, float scale, int sliding_window,
+           float soft_cap, int num_threads) {
+          const octavo::PagedAttentionArgs a = octavo::bind::paged_attention_args(
+              query, out, kv_cache, query_start_loc, seq_lens, block_table, scale, sliding_window,
+              soft_cap, num_threads);
           run_checked("paged_attention", kern()->paged_attention, a);
         },
-        py::arg("query"), py::arg("q_stride"), py::arg("out"), py::arg("o_stride"), py::arg("kv_cache"),
-        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"), py::arg("bt_stride"),
-        py::arg("num_reqs"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("head_size"),
-        py::arg("block_size"), py::arg("scale"), py::arg("dtype"), py::arg("k_layout"),
-        py::arg("num_threads"), py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f);
+        py::kw_only(), py::arg("query"), py::arg("out"), py::arg("kv_cache"),
+        py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"), py::arg("scale"),
+        py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f, py::arg("num_threads") = 0,
+        "Causal attention of query [T, H, D] over the paged cache into out [T, H, D] (sliding_window "
+        "> 0: each query sees its last sliding_window keys; soft_cap > 0: capped scores).");
 
   m.def("write_kv",
-        [](int64_t key, int64_t k_stride_tok, int64_t k_stride_head, int64_t value,
-           int64_t v_stride_tok, int64_t v_stride_head, int64_t kv_cache, int64_t slot_mapping,
-           int num_tokens, int num_kv_heads, int head_size, int block_size, int dtype,
-           int k_layout, int num_threads) {
-          octavo::WriteKVArgs a;
-          a.key = ptr<const void>(key);
-          a.k_stride_tok = k_stride_tok;
-          a.k_stride_head = k_stride_head;
-          a.value = ptr<const void>(value);
-          a.v_stride_tok = v_stride_tok;
-          a.v_stride_head = v_stride_head;
-          a.kv_cache = ptr<void>(kv_cache);
-          a.slot_mapping = ptr<const int64_t>(slot_mapping);
-          a.num_tokens = num_tokens;
-          a.num_kv_heads = num_kv_heads;
-          a.head_size = head_size;
-          a.block_size = block_size;
-          a.dtype = dtype;
-          a.k_layout = k_layout;
-          a.num_threads = num_threads;
+        [](py::handle key, py::handle value, py::handle kv_cache, py::handle slot_mapping,
+           int num_threads) {
+          const octavo::WriteKVArgs a =
+              octavo::bind::write_kv_args(key, value, kv_cache, slot_mapping, num_threads);
           run_checked("write_kv", kern()->write_kv, a);
-        });
+        },
+        py::kw_only(), py::arg("key"), py::arg("value"), py::arg("kv_cache"),
+        py::arg("slot_mapping"), py::arg("num_threads") = 0,
+        "Write key/value [N, Hk, D] (N = len(slot_mapping)) into the cache at the slots (< 0: skip).");
 
   m.def("rms_norm",
-        [](int64_t x, int64_t x_stride, int64_t residual, int64_t r_stride, int64_t weight,
-           int64_t out, int64_t o_stride, int64_t residual_out, int64_t ro_stride, int64_t rows,
-           int n, float eps, int dtype, int num_threads) {
-          octavo::RMSNormArgs a;
-          a.x = ptr<const void>(x);
-          a.x_stride = x_stride;
-          a.residual = ptr<const void>(residual);
-          a.r_stride = r_stride;
-          a.weight = ptr<const void>(weight);
-          a.out = ptr<void>(out);
-          a.o_stride = o_stride;
-          a.residual_out = ptr<void>(residual_out);
-          a.ro_stride = ro_stride;
-          a.rows = rows;
-          a.n = n;
-          a.eps = eps;
-          a.dtype = dtype;
-          a.num_threads = num_threads;
-          kern()->rms_norm(a);
+        [](py::handle x, py::handle weight, py::handle out, float eps, py::handle residual,
+           py::handle residual_out, int num_threads) {
+          run_unchecked(kern()->rms_norm, octavo::bind::rms_norm_args(x, weight, out, eps, residual,
+                                                                       residual_out, num_threads));
         },
-        py::call_guard<py::gil_scoped_release>());
+        py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("out"), py::arg("eps"),
+        py::arg("residual") = py::none(), py::arg("residual_out") = py::none(),
+        py::arg("num_threads") = 0,
+        "out = norm(x [+ residual]) for x [rows, n]; residual_out = x + residual.");
 
   m.def("silu_and_mul",
-        [](int64_t x, int64_t x_stride, int64_t out, int64_t o_stride, int64_t rows, int n,
-           int dtype, int num_threads) {
-          octavo::SiluMulArgs a;
-          a.x = ptr<const void>(x);
-          a.x_stride = x_stride;
-          a.out = ptr<void>(out);
-          a.o_stride = o_stride;
-          a.rows = rows;
-          a.n = n;
-          a.dtype = dtype;
-          a.num_threads = num_threads;
-          kern()->silu_and_mul(a);
+        [](py::handle x, py::handle out, int num_threads) {
+          run_unchecked(kern()->silu_and_mul, octavo::bind::silu_and_mul_args(x, out, num_threads));
         },
-        py::call_guard<py::gil_scoped_release>());
+        py::kw_only(), py::arg("x"), py::arg("out"), py::arg("num_threads") = 0,
+        "out [rows, n] = silu(x[:, :n]) * x[:, n:] for x [rows, 2n].");
 
   m.def("rope",
-        [](int64_t q, int64_t q_stride_tok, int64_t q_stride_head, int64_t k,
-           int64_t k_stride_tok, int64_t k_stride_head, int64_t q_out, int64_t k_out,
-           int64_t positions, int64_t cos, int64_t sin, int64_t num_tokens, int num_q_heads,
-           int num_k_heads, int head_size, int dtype, int num_threads) {
-          octavo::RopeArgs a;
-          a.q = ptr<const void>(q);
-          a.q_stride_tok = q_stride_tok;
-          a.q_stride_head = q_stride_head;
-          a.k = ptr<const void>(k);
-          a.k_stride_tok = k_stride_tok;
-          a.k_stride_head = k_stride_head;
-          a.q_out = ptr<void>(q_out);
-          a.k_out = ptr<void>(k_out);
-          a.positions = ptr<const int64_t>(positions);
-          a.cos = ptr<const void>(cos);
-          a.sin = ptr<const void>(sin);
-          a.num_tokens = num_tokens;
-          a.num_q_heads = num_q_heads;
-          a.num_k_heads = num_k_heads;
-          a.head_size = head_size;
-          a.dtype = dtype;
-          a.num_threads = num_threads;
-          kern()->rope(a);
+        [](py::handle positions, py::handle q, py::handle k, py::handle cos, py::handle sin,
+           py::handle q_out, py::handle k_out, int num_threads) {
+          run_unchecked(kern()->rope, octavo::bind::rope_args(positions, q, k, cos, sin, q_out, k_out,
+                                                               num_threads));
         },
-        py::call_guard<py::gil_scoped_release>());
+        py::kw_only(), py::arg("positions"), py::arg("q"), py::arg("k"), py::arg("cos"),
+        py::arg("sin"), py::arg("q_out"), py::arg("k_out"), py::arg("num_threads") = 0,
+        "Neox RoPE of q [T, H, D] and k [T, Hk, D] into contiguous q_out, k_out.");
 }

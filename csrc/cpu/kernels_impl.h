@@ -15,6 +15,8 @@
 // shared inline instantiation compiled with AVX-512 flags could be picked for the AVX2 path.
 #pragma once
 
+#include <atomic>
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -92,11 +94,13 @@ struct TlsBuffer {
   char* p = nullptr;
   size_t cap = 0;
   ~TlsBuffer() { free(p); }
+  // nullptr when the allocation fails (the caller reports it; nothing is computed)
   char* get(size_t n) {
     if (n > cap) {
       free(p);
       cap = n + (n >> 1);
       p = (char*)aligned_alloc(64, (cap + 63) & ~(size_t)63);
+      if (p == nullptr) cap = 0;
     }
     return p;
   }
@@ -197,30 +201,9 @@ struct PagedAttention {
   }
 
   // ---- the same for a row-major K tile (layout benchmark only): one dot product per key ----
+  // S for `rows` rows over the chunk's ng key groups (kp: group pointers).
   template <int RB>
-  static inline void qk_group_rowmajor(const T* kt, int D, int tok, const float* qf, float* s,
-                                       int s_stride) {
-    for (int t = tok; t < tok + 16; ++t) {
-      F acc[RB];
-      for (int r = 0; r < RB; ++r) acc[r] = zero();
-      const T* kr = kt + (size_t)t * D;
-      for (int d = 0; d < D; d += 16) {
-        F k = E::load16(kr + d);
-        for (int r = 0; r < RB; ++r) acc[r] = fma(k, load(qf + r * D + d), acc[r]);
-      }
-      for (int r = 0; r < RB; ++r) s[r * s_stride + t] = hsum(acc[r]);
-    }
-  }
-
-  // S for `rows` rows over the chunk's ng key groups (kp: group pointers; for the row-major
-  // layout, kt_rm/tok_rm give each group's block tile and first key in it).
-  template <int RB>
-  inline void qk_rows(const T* const* kp, const T* const* kt_rm, const int* tok_rm, int ng,
-                      const float* qf, const T* const* qrow, float* s) const {
-    if (a.k_layout == kKRowMajor) {
-      for (int g = 0; g < ng; ++g) qk_group_rowmajor<RB>(kt_rm[g], D, tok_rm[g], qf, s + 16 * g - tok_rm[g], ct);
-      return;
-    }
+  inline void qk_rows(const T* const* kp, int ng, const float* qf, const T* const* qrow, float* s) const {
     // as many key groups per pass as the accumulator budget allows (1, 2 or 4)
     constexpr int kMaxNG = kQkAcc / RB >= 4 ? 4 : kQkAcc / RB >= 2 ? 2 : 1;
     int g = 0;
@@ -230,23 +213,22 @@ struct PagedAttention {
     for (; g < ng; ++g) qk_group<RB, 1>(kp + g, bs, D, qf, qrow, s + 16 * g, ct);
   }
 
-  void qk(const T* const* kp, const T* const* kt_rm, const int* tok_rm, int rows, int ng,
-          const float* qf, const T* const* qrow, float* s) const {
+  void qk(const T* const* kp, int rows, int ng, const float* qf, const T* const* qrow, float* s) const {
     int r0 = 0;
     for (; r0 + kQkRows <= rows; r0 += kQkRows)
-      qk_rows<kQkRows>(kp, kt_rm, tok_rm, ng, qf + (size_t)r0 * D, qrow + r0, s + (size_t)r0 * ct);
+      qk_rows<kQkRows>(kp, ng, qf + (size_t)r0 * D, qrow + r0, s + (size_t)r0 * ct);
     const int rem = rows - r0;
     const float* q = qf + (size_t)r0 * D;
     float* sp = s + (size_t)r0 * ct;
     switch (rem) {
       case 0: break;
-      case 1: qk_rows<1>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
-      case 2: qk_rows<2>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
-      case 3: qk_rows<3>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
-      case 4: qk_rows<4>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
-      case 5: qk_rows<5>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
-      case 6: qk_rows<6>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
-      default: qk_rows<7>(kp, kt_rm, tok_rm, ng, q, qrow + r0, sp); break;
+      case 1: qk_rows<1>(kp, ng, q, qrow + r0, sp); break;
+      case 2: qk_rows<2>(kp, ng, q, qrow + r0, sp); break;
+      case 3: qk_rows<3>(kp, ng, q, qrow + r0, sp); break;
+      case 4: qk_rows<4>(kp, ng, q, qrow + r0, sp); break;
+      case 5: qk_rows<5>(kp, ng, q, qrow + r0, sp); break;
+      case 6: qk_rows<6>(kp, ng, q, qrow + r0, sp); break;
+      default: qk_rows<7>(kp, ng, q, qrow + r0, sp); break;
     }
   }
 
@@ -366,8 +348,6 @@ struct PagedAttention {
     const T** qrow = (const T**)(scratch + off_qrow);
     const T* query = (const T*)a.query;
     const T* kgrp[kMaxChunk / 16];  // per key group of the chunk: K data, tile, first key
-    const T* kt_rm[kMaxChunk / 16];
-    int tok_rm[kMaxChunk / 16];
     const T* vtl[kMaxChunk / 16];  // per block of the chunk: V tile
 
     for (int hh = 0; hh < nh; ++hh)
@@ -375,7 +355,7 @@ struct PagedAttention {
         for (int g = 0; g < G; ++g)
           qrow[(hh * nq + jj) * G + g] =
               query + (qs + j0 + jj) * a.q_stride + (int64_t)((h0 + hh) * G + g) * D;
-    if (!kDot || a.k_layout == kKRowMajor) {
+    if (!kDot) {
       for (int r = 0; r < rows; ++r)
         for (int d = 0; d < D; d += 16) store(qf + (size_t)r * D + d, E::load16(qrow[r] + d));
     }
@@ -419,10 +399,8 @@ struct PagedAttention {
           const int b = b0 + (16 * g) / bs, tok = (16 * g) % bs;
           const T* kt = cache + ((int64_t)bt[b] * a.num_kv_heads + h0 + hh) * 2 * tile;
           kgrp[g] = kt + tok * P;
-          kt_rm[g] = kt;
-          tok_rm[g] = tok;
         }
-        qk(kgrp, kt_rm, tok_rm, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows,
+        qk(kgrp, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows,
            s + (size_t)hh * hrows * ct);
       }
 
@@ -505,11 +483,18 @@ struct PagedAttention {
     auto* self = (const PagedAttention*)((void**)ctx)[0];
     const Item* items = (const Item*)((void**)ctx)[1];
     char* scratch = tls_scratch.get(self->scratch_bytes);
+    if (scratch == nullptr) {
+      self->out_of_memory.store(true, std::memory_order_relaxed);
+      return;
+    }
     const Item& it = items[i];
     self->run(it.req, it.h0, it.nh, it.qt, scratch);
   }
 
-  void operator()() const {
+  mutable std::atomic<bool> out_of_memory{false};
+
+  // nullptr, or why nothing (or not everything) was computed
+  const char* operator()() const {
     // Work items: prefill tiles first (largest), decodes after, so the dynamic hand-out ends
     // with the small ones and the threads finish together. A decode covers all KV heads of
     // its sequence when there are enough sequences to keep every thread busy: each block is
@@ -526,8 +511,9 @@ struct PagedAttention {
       if (qlen == 1) n_items += a.num_kv_heads / dec_nh;
       else n_items += (int64_t)((qlen + QT - 1) / QT) * a.num_kv_heads;
     }
-    if (n_items == 0) return;
+    if (n_items == 0) return nullptr;
     Item* items = (Item*)malloc(sizeof(Item) * n_items);
+    if (items == nullptr) return "out of memory (work items)";
     int64_t k = 0;
     for (int pass = 0; pass < 2; ++pass) {
       for (int i = 0; i < a.num_reqs; ++i) {
@@ -545,6 +531,7 @@ struct PagedAttention {
     void* ctx[2] = {(void*)this, (void*)items};
     threading::parallel_run(n_items, threads, &item_fn, ctx);
     free(items);
+    return out_of_memory.load() ? "out of memory (per-thread scratch)" : nullptr;
   }
 };
 
@@ -575,13 +562,9 @@ struct WriteKV {
         const T* v = (const T*)a.value + i * a.v_stride_tok + h * a.v_stride_head;
         T* kt = cache + (blk * a.num_kv_heads + h) * 2 * tile;
         T* vt = kt + tile;
-        if (a.k_layout == kKRowMajor) {
-          memcpy(kt + (size_t)off * D, k, D * sizeof(T));
-        } else {
-          T* kp = kt + off * P;
-          for (int d = 0; d < D; d += P)
-            for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
-        }
+        T* kp = kt + off * P;
+        for (int d = 0; d < D; d += P)
+          for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
         T* vp = vt + (size_t)(off / P) * D * P + off % P;
         for (int d = 0; d < D; ++d) vp[(size_t)d * P] = v[d];
       }
@@ -758,8 +741,9 @@ static const char* check_shape(int dtype, int head_size, int block_size) {
 static const char* paged_attention(const PagedAttentionArgs& a) {
   if (const char* e = check_shape(a.dtype, a.head_size, a.block_size)) return e;
   if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads) return "num_heads must be a multiple of num_kv_heads";
-  OCTAVO_DISPATCH_DTYPE(a.dtype, PagedAttention<DT>{a}());
-  return nullptr;
+  const char* err = nullptr;
+  OCTAVO_DISPATCH_DTYPE(a.dtype, err = PagedAttention<DT>{a}());
+  return err;
 }
 static const char* write_kv(const WriteKVArgs& a) {
   if (const char* e = check_shape(a.dtype, a.head_size, a.block_size)) return e;

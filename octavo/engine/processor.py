@@ -49,6 +49,7 @@ class Processor:
                 raise ValueError(f"{name} contains token id {t!r} outside [0, {self.vocab_size})")
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        params.verify()  # again: a SamplingParams is mutable after construction
         if not prompt_ids:
             raise ValueError("the prompt is empty (prompt_token_ids must hold at least one token)")
         self._check_token_ids("prompt_token_ids", prompt_ids)

@@ -22,7 +22,6 @@ _silu_and_mul = _ext.silu_and_mul
 _rope = _ext.rope
 
 ENABLED = True
-_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _HALF = (torch.bfloat16, torch.float16)
 
 
@@ -47,21 +46,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     """``norm(x)`` or ``(norm(x + residual), x + residual)``, like ``layers.RMSNorm``."""
     shape = x.shape
     n = shape[-1]
-    if weight.dtype != x.dtype or (residual is not None and residual.dtype != x.dtype):
-        raise TypeError("cpu rms_norm needs x, residual and weight in one dtype")
     x2 = _rows(x, n)
     rows = x2.shape[0]
     out = torch.empty((rows, n), dtype=x.dtype)
-    code = _CODES[x.dtype]
     w = weight if weight.is_contiguous() else weight.contiguous()
     if residual is None:
-        _rms_norm(x2.data_ptr(), x2.stride(0), 0, 0, w.data_ptr(), out.data_ptr(), n, 0, 0,
-                  rows, n, float(eps), code, 0)
+        _rms_norm(x=x2, weight=w, out=out, eps=float(eps))
         return out.view(shape)
-    r2 = _rows(residual, n)
     res_out = torch.empty((rows, n), dtype=x.dtype)
-    _rms_norm(x2.data_ptr(), x2.stride(0), r2.data_ptr(), r2.stride(0), w.data_ptr(),
-              out.data_ptr(), n, res_out.data_ptr(), n, rows, n, float(eps), code, 0)
+    _rms_norm(x=x2, weight=w, out=out, eps=float(eps), residual=_rows(residual, n), residual_out=res_out)
     return out.view(shape), res_out.view(shape)
 
 
@@ -70,31 +63,23 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     shape = x.shape
     n = shape[-1] // 2
     x2 = _rows(x, 2 * n)
-    rows = x2.shape[0]
-    out = torch.empty((rows, n), dtype=x.dtype)
-    _silu_and_mul(x2.data_ptr(), x2.stride(0), out.data_ptr(), n, rows, n, _CODES[x.dtype], 0)
+    out = torch.empty((x2.shape[0], n), dtype=x.dtype)
+    _silu_and_mul(x=x2, out=out)
     return out.view(*shape[:-1], n)
 
 
 def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """Neox RoPE of ``q`` [T, H, D] and ``k`` [T, Hk, D] (strided views allowed) -> new tensors."""
     T, H, D = q.shape
-    Hk = k.shape[1]
-    if cos.dtype != q.dtype or k.dtype != q.dtype:
-        raise TypeError("cpu rope needs q, k and the cos/sin tables in one dtype")
     if q.stride(-1) != 1:
         q = q.contiguous()
     if k.stride(-1) != 1:
         k = k.contiguous()
     if positions.dtype != torch.int64 or not positions.is_contiguous():
         positions = positions.to(torch.int64).contiguous()
-    cos = cos if cos.is_contiguous() else cos.contiguous()
-    sin = sin if sin.is_contiguous() else sin.contiguous()
     q_out = torch.empty((T, H, D), dtype=q.dtype)
-    k_out = torch.empty((T, Hk, D), dtype=q.dtype)
-    _rope(q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-          q_out.data_ptr(), k_out.data_ptr(), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-          T, H, Hk, D, _CODES[q.dtype], 0)
+    k_out = torch.empty((T, k.shape[1], D), dtype=q.dtype)
+    _rope(positions=positions, q=q, k=k, cos=cos.contiguous(), sin=sin.contiguous(), q_out=q_out, k_out=k_out)
     return q_out, k_out
 
 

@@ -18,7 +18,6 @@ if cpu_isa.extension_unavailable_reason() is not None:
     pytest.skip(f"C++ CPU kernels unavailable: {cpu_isa.extension_unavailable_reason()}", allow_module_level=True)
 
 from octavo.attention.backends.cpu_paged import (  # noqa: E402
-    K_ROW_MAJOR,
     CpuPagedBackend,
     build_cpu_metadata,
     cache_from_reference,
@@ -47,31 +46,23 @@ def _variants() -> list[str]:
 VARIANTS = _variants()
 
 
-def run_variant(variant, q, k, v, ref_cache, md, scale, num_heads, num_kv_heads, k_layout=0):
-    from octavo.attention.backends.cpu_paged import DTYPE_CODES
-
+def run_variant(variant, q, k, v, ref_cache, md, scale):
     ext = cpu_isa.load_variant(variant)
-    head_size = q.shape[-1]
-    block_size = ref_cache.shape[2]
-    cache = cache_from_reference(ref_cache, k_layout)
+    cache = cache_from_reference(ref_cache)
     m = build_cpu_metadata(md)
-    n = md.num_actual_tokens
-    code = DTYPE_CODES[q.dtype]
-    ext.write_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
-                 cache.data_ptr(), m.slot_mapping_ptr, n, num_kv_heads, head_size, block_size, code, k_layout, 0)
+    ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=m.slot_mapping[: md.num_actual_tokens])
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
-    ext.paged_attention(q.data_ptr(), q.stride(0), out.data_ptr(), num_heads * head_size, cache.data_ptr(),
-                        m.qsl_ptr, m.seq_lens_ptr, m.block_table_ptr, m.block_table.stride(0), md.num_reqs,
-                        num_heads, num_kv_heads, head_size, block_size, scale, code, k_layout, 0)
-    return out, cache_to_reference(cache, head_size, k_layout)
+    ext.paged_attention(query=q, out=out, kv_cache=cache, query_start_loc=m.query_start_loc,
+                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale)
+    return out, cache_to_reference(cache, q.shape[-1])
 
 
-def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0, k_layout=0):
+def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0):
     q, k, v, cache, md = make_batch(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
                                     block_size=block_size, dtype=dtype, seed=seed)
     scale = head_size**-0.5
     ref_out, ref_cache = reference(q, k, v, cache, md, scale)
-    out, new_cache = run_variant(variant, q, k, v, cache, md, scale, heads, kv_heads, k_layout)
+    out, new_cache = run_variant(variant, q, k, v, cache, md, scale)
     assert not torch.isnan(out).any(), "unwritten or NaN output"
     assert torch.equal(new_cache.double(), ref_cache.to(dtype).double()), "write_kv is not an exact copy"
     err = rel_err(out, ref_out)
@@ -103,13 +94,6 @@ def test_gqa_groups(group):
 
 def test_head_size_32_fixture_size():
     check(VARIANTS[0], MIXED, heads=4, kv_heads=2, head_size=32, block_size=16, dtype=torch.float32)
-
-
-def test_row_major_k_layout_matches():
-    """The alternative layout the benchmark measures computes the same thing."""
-    for variant in VARIANTS:
-        check(variant, MIXED, heads=8, kv_heads=2, head_size=64, block_size=32, dtype=torch.bfloat16,
-              k_layout=K_ROW_MAJOR)
 
 
 @pytest.mark.parametrize("isa", sorted({cpu_isa.isa_of(v) for v in VARIANTS}))
@@ -164,8 +148,7 @@ def test_kv_cache_shape_and_repacking_round_trip():
     shape = CpuPagedBackend.get_kv_cache_shape(5, 16, 2, 64)
     assert shape == (5, 2, 2, 16 * 64)
     ref = torch.randn(2, 5, 16, 2, 64).to(torch.bfloat16)
-    for layout in (0, K_ROW_MAJOR):
-        assert torch.equal(cache_to_reference(cache_from_reference(ref, layout), 64, layout), ref)
+    assert torch.equal(cache_to_reference(cache_from_reference(ref), 64), ref)
 
 
 def test_padded_tokens_are_zero_and_slots_negative_skip():
@@ -197,3 +180,52 @@ def test_engine_greedy_tokens_match_torch_ref(llama_dir, monkeypatch):
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
         del llm
     assert outs["cpu_paged"] == outs["torch_ref"]
+
+
+# -- the boundary: every tensor is checked before a kernel sees a pointer -------------------
+def _boundary_case():
+    q, k, v, ref_cache, md = make_batch([(3, 2), (0, 4)], num_heads=4, num_kv_heads=2, head_size=64,
+                                        block_size=16, dtype=torch.float32)
+    m = build_cpu_metadata(md)
+    args = dict(query=q, out=torch.empty_like(q), kv_cache=cache_from_reference(ref_cache),
+                query_start_loc=m.query_start_loc, seq_lens=m.seq_lens, block_table=m.block_table,
+                scale=0.125)
+    return cpu_isa.load_extension(), args, k, v, m
+
+
+def test_bindings_take_named_tensors_only():
+    ext, args, *_ = _boundary_case()
+    ext.paged_attention(**args)  # the well-formed call runs
+    with pytest.raises(TypeError):
+        ext.paged_attention(*args.values())  # positional arguments are refused
+    with pytest.raises(ValueError, match="query must be a torch tensor"):
+        ext.paged_attention(**{**args, "query": args["query"].data_ptr()})
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: {"query": a["query"].to(torch.bfloat16)}, "out must have the dtype of query"),
+    (lambda a: {"out": a["out"][:, :2]}, "out .* must be shaped like query"),
+    (lambda a: {"kv_cache": a["kv_cache"][:, :1]}, "kv_cache .* must be contiguous"),
+    (lambda a: {"query_start_loc": a["query_start_loc"].long()}, "query_start_loc .* must be int32"),
+    (lambda a: {"seq_lens": a["seq_lens"][:1]}, "query_start_loc .* must hold len"),
+    (lambda a: {"block_table": a["block_table"] + 1000}, "block_table .* names a block outside kv_cache"),
+    (lambda a: {"query": a["query"].transpose(0, 1)}, "query .* packed heads"),
+    (lambda a: {"kv_cache": a["kv_cache"][..., :100].contiguous()}, "kv_cache .* not a multiple of the head size"),
+])
+def test_attention_arguments_are_checked(change, message):
+    ext, args, *_ = _boundary_case()
+    with pytest.raises(ValueError, match=f"paged_attention: {message}"):
+        ext.paged_attention(**{**args, **change(args)})
+
+
+def test_write_kv_arguments_are_checked():
+    ext, args, k, v, m = _boundary_case()
+    cache, slots = args["kv_cache"], m.slot_mapping
+    with pytest.raises(ValueError, match="write_kv: slot_mapping .* names a slot outside kv_cache"):
+        ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=slots + 10**6)
+    with pytest.raises(ValueError, match="write_kv: slot_mapping .* more slots than key has tokens"):
+        ext.write_kv(key=k[:2], value=v[:2], kv_cache=cache, slot_mapping=slots)
+    with pytest.raises(ValueError, match="write_kv: value .* must be shaped like key"):
+        ext.write_kv(key=k, value=v[:, :1], kv_cache=cache, slot_mapping=slots)
+    with pytest.raises(ValueError, match="write_kv: slot_mapping .* must be int64"):
+        ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=slots.int())

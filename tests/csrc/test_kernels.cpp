@@ -183,7 +183,7 @@ static double run_attention_case(const Kernels* k, const Case& c, bool check_wri
   w.value = vv.p(); w.v_stride_tok = (int64_t)Hk * D; w.v_stride_head = D;
   w.kv_cache = cache.p(); w.slot_mapping = slots.data(); w.num_tokens = T;
   w.num_kv_heads = Hk; w.head_size = D; w.block_size = bs; w.dtype = c.dt;
-  w.k_layout = octavo::kKTransposed; w.num_threads = 0;
+  w.num_threads = 0;
   CHECK(k->write_kv(w) == nullptr, "write_kv rejected its arguments");
   if (check_write)
     CHECK(cache.bytes == expect_cache.bytes, "write_kv %s D=%d bs=%d: cache differs", dt_name(c.dt), D, bs);
@@ -194,7 +194,7 @@ static double run_attention_case(const Kernels* k, const Case& c, bool check_wri
   a.kv_cache = cache.p(); a.query_start_loc = qsl.data(); a.seq_lens = seq.data();
   a.block_table = bt.data(); a.bt_stride = max_blocks + 1; a.num_reqs = B; a.num_heads = H;
   a.num_kv_heads = Hk; a.head_size = D; a.block_size = bs; a.scale = (float)(1.0 / sqrt((double)D));
-  a.dtype = c.dt; a.k_layout = octavo::kKTransposed; a.num_threads = 0;
+  a.dtype = c.dt; a.num_threads = 0;
   CHECK(k->paged_attention(a) == nullptr, "paged_attention rejected its arguments");
 
   // reference (double), relative Frobenius error over the whole output
@@ -389,7 +389,7 @@ static void bench(const Kernels* k) {
     a.query = q.p(); a.q_stride = H * D; a.out = out.p(); a.o_stride = H * D; a.kv_cache = cache.p();
     a.query_start_loc = qsl.data(); a.seq_lens = seq.data(); a.block_table = bt.data(); a.bt_stride = nb;
     a.num_reqs = B; a.num_heads = H; a.num_kv_heads = Hk; a.head_size = D; a.block_size = bs;
-    a.scale = 0.088f; a.dtype = c.dt; a.k_layout = 0; a.num_threads = 0;
+    a.scale = 0.088f; a.dtype = c.dt; a.num_threads = 0;
     k->paged_attention(a);
     double best = 1e9;
     for (int r = 0; r < 50; ++r) {

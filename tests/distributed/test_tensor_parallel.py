@@ -43,12 +43,21 @@ def test_worker_death_fails_requests_quickly(llama_dir):
     llm = LLM(llama_dir, dtype="float32", tensor_parallel_size=2)
     executor = llm.llm_engine.core.executor
     victim = executor.procs[1]
+    stepping = threading.Event()
+    execute_model = executor.execute_model
 
-    def kill_soon():
-        time.sleep(1.0)
-        os.kill(victim.pid, signal.SIGKILL)
+    def execute_and_signal(so):  # the kill lands while steps are running, not before
+        out = execute_model(so)
+        stepping.set()
+        return out
 
-    threading.Thread(target=kill_soon, daemon=True).start()
+    executor.execute_model = execute_and_signal
+
+    def kill_once_stepping():
+        if stepping.wait(timeout=120):
+            os.kill(victim.pid, signal.SIGKILL)
+
+    threading.Thread(target=kill_once_stepping, daemon=True).start()
     t0 = time.monotonic()
     with pytest.raises(WorkerDiedError, match="worker 1"):
         llm.generate([{"prompt_token_ids": [5] * 20}] * 4, SamplingParams(max_tokens=2000, ignore_eos=True, temperature=0), use_tqdm=False)

@@ -140,6 +140,7 @@ def test_prepacked_linear_matches_and_tracks_weight_updates():
     for m in (1, 5, 32):
         x = torch.randn(m, 576).to(torch.bfloat16)
         check(x)
+    assert lin.__dict__.get("_octavo_packed") is not None  # the bound kernels packed the weight
     with torch.no_grad():
         lin.weight.mul_(2)  # in place: the packed copy must be rebuilt
     check(x)
@@ -147,3 +148,32 @@ def test_prepacked_linear_matches_and_tracks_weight_updates():
     lin32 = torch.nn.Linear(16, 8)
     x32 = torch.randn(3, 16)
     assert not cfo.linear_usable(lin32, x32)
+
+
+def test_fused_op_bindings_check_their_tensors():
+    """The extension checks shapes, dtypes, strides and index ranges itself, by keyword."""
+    x = torch.randn(3, 8, dtype=torch.bfloat16)
+    w = torch.ones(8, dtype=torch.bfloat16)
+    out = torch.empty(3, 8, dtype=torch.bfloat16)
+    cfo._rms_norm(x=x, weight=w, out=out, eps=1e-5)
+    with pytest.raises(TypeError):
+        cfo._rms_norm(x, w, out, 1e-5)  # keyword-only
+    with pytest.raises(ValueError, match="rms_norm: weight .* must be contiguous \\[n\\]"):
+        cfo._rms_norm(x=x, weight=torch.ones(7, dtype=torch.bfloat16), out=out, eps=1e-5)
+    with pytest.raises(ValueError, match="rms_norm: weight must have the dtype of x"):
+        cfo._rms_norm(x=x, weight=w.float(), out=out, eps=1e-5)
+    with pytest.raises(ValueError, match="rms_norm: residual_out is given without residual"):
+        cfo._rms_norm(x=x, weight=w, out=out, eps=1e-5, residual_out=out)
+    with pytest.raises(ValueError, match="silu_and_mul: out .* must be \\[rows, n\\]"):
+        cfo._silu_and_mul(x=x, out=out)
+    with pytest.raises(ValueError, match="silu_and_mul: x .* unit inner stride"):
+        cfo._silu_and_mul(x=x.t(), out=out)
+    q = torch.randn(2, 4, 16, dtype=torch.bfloat16)
+    table = torch.randn(8, 16, dtype=torch.bfloat16)
+    ok = dict(positions=torch.tensor([0, 7]), q=q, k=q[:, :2], cos=table, sin=table,
+              q_out=torch.empty_like(q), k_out=torch.empty(2, 2, 16, dtype=torch.bfloat16))
+    cfo._rope(**ok)
+    with pytest.raises(ValueError, match="rope: positions .* outside the cos/sin tables"):
+        cfo._rope(**{**ok, "positions": torch.tensor([0, 8])})
+    with pytest.raises(ValueError, match="rope: positions .* must be int64"):
+        cfo._rope(**{**ok, "positions": torch.tensor([0, 1], dtype=torch.int32)})

@@ -11,8 +11,9 @@ KV cache layout per layer: ``[num_blocks, num_kv_heads, 2, block_size * head_siz
 dimension is the (block, KV head) tile, K then V, in the kernels' private order: K transposed
 (``[head_size/P, block_size, P]``) and V row-major (``[block_size/P, head_size, P]``) with
 ``P = 2`` for 16-bit caches (the two operands of one bf16 dot-product lane side by side) and
-``P = 1`` for fp32. Chosen by measurement against a row-major K tile (``benchmarks/
-cpu_attention_bench.py --layouts``); see ``csrc/cpu/README.md``. Head sizes: multiples of 16
+``P = 1`` for fp32. Chosen by measurement against a row-major K tile (see
+``csrc/cpu/README.md``). The extension takes the tensors themselves, by keyword, and checks
+dtypes, shapes, strides and index ranges once per call (``csrc/cpu/tensor_args.h``). Head sizes: multiples of 16
 up to 512; block sizes: multiples of 16 from 16 to 256 (``validate`` says why otherwise, and
 the platform falls back to ``torch_ref``).
 """
@@ -31,15 +32,13 @@ from octavo.attention.backend import (
     metadata_from_common,
 )
 
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-K_TRANSPOSED, K_ROW_MAJOR = 0, 1
 MIN_BLOCK, MAX_BLOCK = 16, 256
 MAX_HEAD = 512
 
 
 @dataclass
 class CpuPagedMetadata:
-    """``CommonAttentionMetadata`` plus the int32/int64 contiguous copies the kernels read."""
+    """``CommonAttentionMetadata`` plus the int32/int64 contiguous tensors the kernels read."""
 
     common: CommonAttentionMetadata
     query_start_loc: torch.Tensor
@@ -49,12 +48,6 @@ class CpuPagedMetadata:
     num_reqs: int
     num_actual_tokens: int
     max_query_len: int
-    # data pointers, taken once per step
-    qsl_ptr: int = 0
-    seq_lens_ptr: int = 0
-    block_table_ptr: int = 0
-    slot_mapping_ptr: int = 0
-    bt_stride: int = 0
 
     def __getattr__(self, name):  # anything else reads through to the common metadata
         if name == "common":
@@ -81,16 +74,10 @@ def build_cpu_metadata(common: CommonAttentionMetadata) -> CpuPagedMetadata:
         seq_lens=seq_lens,
         block_table=bt,
         slot_mapping=slots,
-        qsl_ptr=qsl.data_ptr(),
-        seq_lens_ptr=seq_lens.data_ptr(),
-        block_table_ptr=bt.data_ptr(),
-        slot_mapping_ptr=slots.data_ptr(),
-        bt_stride=bt.stride(0),
     )
 
 
 class CpuPagedImpl(AttentionImpl):
-    k_layout = K_TRANSPOSED
     supports_sliding_window = True
     supports_logits_soft_cap = True
 
@@ -113,35 +100,14 @@ class CpuPagedImpl(AttentionImpl):
         self._attention = ext.paged_attention
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-        self._cache_info: tuple | None = None  # (data_ptr, dtype, code, block_size) of the checked cache
-
-    def _check_cache(self, kv_cache: torch.Tensor) -> tuple:
-        hk, d = self.num_kv_heads, self.head_size
-        if (
-            kv_cache.dim() != 4
-            or kv_cache.shape[1:3] != (hk, 2)
-            or kv_cache.shape[3] % d
-            or not kv_cache.is_contiguous()
-            or kv_cache.dtype not in DTYPE_CODES
-            or kv_cache.device.type != "cpu"
-        ):
-            raise ValueError(
-                f"kv_cache {tuple(kv_cache.shape)} {kv_cache.dtype} is not a cpu_paged cache for "
-                f"{hk} KV heads of size {d}"
-            )
-        info = (kv_cache.data_ptr(), kv_cache.dtype, DTYPE_CODES[kv_cache.dtype], kv_cache.shape[3] // d)
-        self._cache_info = info
-        return info
 
     def forward(self, query, key, value, kv_cache, attn_metadata):
+        """The extension checks every tensor (dtype, shape, strides, index ranges); here the
+        inputs are only brought to the cache's dtype with a unit inner stride."""
         md = attn_metadata
         if md.__class__ is not CpuPagedMetadata:
             md = build_cpu_metadata(md)
-        info = self._cache_info
-        if info is None or info[0] != kv_cache.data_ptr():
-            info = self._check_cache(kv_cache)
-        _, dtype, code, block_size = info
-        D, H, Hk = self.head_size, self.num_heads, self.num_kv_heads
+        dtype, D = kv_cache.dtype, self.head_size
         if query.dtype != dtype or query.stride(-1) != 1 or query.stride(-2) != D:
             query = query.to(dtype).contiguous()
         if key.dtype != dtype or key.stride(-1) != 1:
@@ -149,21 +115,15 @@ class CpuPagedImpl(AttentionImpl):
         if value.dtype != dtype or value.stride(-1) != 1:
             value = value.to(dtype).contiguous()
         n = md.num_actual_tokens
+        self._write_kv(key=key, value=value, kv_cache=kv_cache, slot_mapping=md.slot_mapping[:n])
         T = query.shape[0]
-        if key.shape[0] < n or T < n or md.slot_mapping.shape[0] < n:
-            raise ValueError("query/key/value/slot_mapping hold fewer tokens than the metadata says")
-        ptr = kv_cache.data_ptr()
-        self._write_kv(
-            key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0),
-            value.stride(1), ptr, md.slot_mapping_ptr, n, Hk, D, block_size, code, self.k_layout, 0,
-        )
-        out = torch.empty((T, H, D), dtype=dtype)
+        out = torch.empty((T, self.num_heads, D), dtype=dtype)
         if T > n:
             out[n:].zero_()
         self._attention(
-            query.data_ptr(), query.stride(0), out.data_ptr(), H * D, ptr, md.qsl_ptr,
-            md.seq_lens_ptr, md.block_table_ptr, md.bt_stride, md.num_reqs, H, Hk, D, block_size,
-            self.scale, code, self.k_layout, 0, self._window, self._soft_cap,
+            query=query, out=out, kv_cache=kv_cache, query_start_loc=md.query_start_loc,
+            seq_lens=md.seq_lens, block_table=md.block_table, scale=self.scale,
+            sliding_window=self._window, soft_cap=self._soft_cap,
         )
         return out
 
@@ -205,20 +165,19 @@ class CpuPagedBackend(AttentionBackend):
 
 # -- helpers for tests and benchmarks ---------------------------------------------------------
 
-def cache_from_reference(ref_cache: torch.Tensor, k_layout: int = K_TRANSPOSED) -> torch.Tensor:
+def cache_from_reference(ref_cache: torch.Tensor) -> torch.Tensor:
     """Repack a ``torch_ref`` cache ``[2, nb, bs, Hk, D]`` into the ``cpu_paged`` layout."""
     _, nb, bs, hk, d = ref_cache.shape
     p = 2 if ref_cache.element_size() == 2 else 1
     k = ref_cache[0].permute(0, 2, 1, 3)  # [nb, Hk, bs, D]
     v = ref_cache[1].permute(0, 2, 1, 3)
-    if k_layout == K_TRANSPOSED:
-        k = k.reshape(nb, hk, bs, d // p, p).permute(0, 1, 3, 2, 4)  # [nb, Hk, D/P, bs, P]
+    k = k.reshape(nb, hk, bs, d // p, p).permute(0, 1, 3, 2, 4)  # [nb, Hk, D/P, bs, P]
     v = v.reshape(nb, hk, bs // p, p, d).permute(0, 1, 2, 4, 3)  # [nb, Hk, bs/P, D, P]
     out = torch.stack([k.reshape(nb, hk, bs * d), v.reshape(nb, hk, bs * d)], dim=2)
     return out.contiguous()
 
 
-def cache_to_reference(cache: torch.Tensor, head_size: int, k_layout: int = K_TRANSPOSED) -> torch.Tensor:
+def cache_to_reference(cache: torch.Tensor, head_size: int) -> torch.Tensor:
     """Inverse of :func:`cache_from_reference`: back to ``[2, nb, bs, Hk, D]``."""
     nb, hk, _, n = cache.shape
     d = head_size
@@ -226,8 +185,7 @@ def cache_to_reference(cache: torch.Tensor, head_size: int, k_layout: int = K_TR
     p = 2 if cache.element_size() == 2 else 1
     k = cache[:, :, 0]
     v = cache[:, :, 1]
-    if k_layout == K_TRANSPOSED:
-        k = k.reshape(nb, hk, d // p, bs, p).permute(0, 1, 3, 2, 4)
+    k = k.reshape(nb, hk, d // p, bs, p).permute(0, 1, 3, 2, 4)
     k = k.reshape(nb, hk, bs, d).permute(0, 2, 1, 3)
     v = v.reshape(nb, hk, bs // p, d, p).permute(0, 1, 2, 4, 3).reshape(nb, hk, bs, d).permute(0, 2, 1, 3)
     return torch.stack([k, v]).contiguous()

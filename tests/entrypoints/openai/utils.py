@@ -37,11 +37,6 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class RemoteServer:
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
         self.port = free_port()

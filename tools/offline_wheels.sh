@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# Wheels that the lent H200 machines lack for `nox --no-venv -s test-cuda` (nox, the [serve] and
-# [test] extras' packages), for their Python 3.12, into .whl/ (ignored by git; ~15 MB).
-# The device runs `benchmarks/h200_session.sh nox_cuda` with `carry: [".whl"]`, which installs
-# them into /tmp/site there (the machines cannot reach a package index).
+# Wheels a GPU machine without access to a package index lacks for `nox --no-venv -s test-cuda`
+# (nox, the [serve] and [test] extras' packages), for Python 3.12, into .whl/ (ignored by git,
+# ~15 MB). Copy .whl/ to that machine with the checkout; `bash benchmarks/gpu_session.sh nox_cuda`
+# there installs them into /tmp/site and runs the session.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qxF "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
 rm -rf .whl
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One bundled run on a lent H200 (issue 6): correctness first, then the benchmarks, each step
+# One bundled run on an NVIDIA GPU machine: correctness first, then the benchmarks, each step
 # under a share of one overall deadline so the most important results always come back.
-#   OUT=/some/dir DEADLINE_S=570 bash benchmarks/h200_session.sh [steps...]
+#   OUT=/some/dir DEADLINE_S=570 bash benchmarks/gpu_session.sh [steps...]
 # Steps (default: all, in this order): env pytest_kernels octavo_llama8b hf_llama8b
 #   pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b
 #   (pytest_llama: the engine tests of the llama fixture and memory profiling only;
 #    async_llama8b: batch-1 TPOT with async scheduling on vs off, bandwidth in the same process;
 #    pytest_moe, moe: the mixture-of-experts GPU tests and the Qwen3-30B-A3B-shape benchmark)
 set -u
-OUT=${OUT:-/tmp/h200}
+OUT=${OUT:-/tmp/octavo-gpu-session}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OCTAVO_LOGGING_LEVEL=INFO TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
@@ -37,8 +37,9 @@ step_pytest_engine() { run 200 pytest.log python3 -m pytest -m cuda -n 8 -q -p n
 step_pytest_llama() { run 120 pytest.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rA tests/worker tests/platforms/test_conformance_accelerators.py -k "llama or memory_profile or greedy_matches_cpu"; }
 step_octavo_llama8b() { run 200 bench.log $B octavo --shape llama8b; }
 step_async_llama8b() { run 150 bench.log $B async --shape llama8b; }
-# Issue 10: the CUDA nox session as the images run it (needs `bash tools/device_wheels.sh` here
-# first and `carry: [".whl"]`): common tests + cuda-marked tests, C++ CPU kernels built in place.
+# The CUDA nox session as the images run it, on a machine without a package index (run
+# `bash tools/offline_wheels.sh` where there is one and copy .whl/ along): common tests +
+# cuda-marked tests, C++ CPU kernels built in place.
 step_nox_cuda() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >>"$OUT/nox.log" 2>&1 || { echo "wheel install failed" >>"$OUT/nox.log"; return; }

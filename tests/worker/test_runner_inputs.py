@@ -1,0 +1,79 @@
+"""The runner's input preparation: one flattened batch from a SchedulerOutput, by hand-checked tables.
+
+No model is loaded: ``_update_states`` + ``_prepare_inputs`` only lay the batch out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from octavo.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from octavo.engine.arg_utils import EngineArgs
+from octavo.platforms import use_platform
+from octavo.platforms.cpu import CpuPlatform
+from octavo.sampling_params import SamplingParams
+from octavo.worker.model_runner import ModelRunner
+
+BS = 16
+
+
+@pytest.fixture
+def runner(llama_dir):
+    with use_platform(CpuPlatform):
+        config = EngineArgs(model=llama_dir, dtype="float32", max_model_len=64, block_size=BS).create_engine_config()
+        return ModelRunner(config, CpuPlatform)
+
+
+def step(runner, so):
+    runner._update_states(so)
+    return runner._prepare_inputs(so)
+
+
+def so_of(new=(), cached=(), scheduled=None, finished=()):
+    scheduled = scheduled or {}
+    return SchedulerOutput(list(new), list(cached), scheduled, sum(scheduled.values()), set(finished))
+
+
+def test_prefill_chunk_and_short_prompt_in_one_step(runner):
+    p = SamplingParams(temperature=0)
+    a = NewRequestData("a", list(range(100, 120)), [], p, [3, 1], 0)  # 20 tokens over blocks 3, 1
+    b = NewRequestData("b", [7, 8, 9], [], p, [2], 0)
+    s = step(runner, so_of([a, b], scheduled={"a": 18, "b": 3}))
+    assert s.req_ids == ["a", "b"]
+    assert s.positions.tolist() == list(range(18)) + [0, 1, 2]
+    assert s.input_ids.tolist() == list(range(100, 118)) + [7, 8, 9]
+    assert s.metadata.slot_mapping.tolist() == [3 * BS + i for i in range(16)] + [BS, BS + 1] + [2 * BS + i for i in range(3)]
+    assert s.metadata.query_start_loc_cpu.tolist() == [0, 18, 21] and s.metadata.seq_lens_cpu.tolist() == [18, 3]
+    assert s.metadata.block_table.tolist() == [[3, 1], [2, 0]]
+    assert s.sample_mask.tolist() == [False, True]  # "a" is mid-prompt: it samples nothing
+    assert s.logits_indices.tolist() == [20]
+    assert not s.has_pending.any()
+
+
+def test_next_step_finishes_the_prompt_and_decodes(runner):
+    p = SamplingParams(temperature=0)
+    step(runner, so_of([NewRequestData("a", list(range(100, 120)), [], p, [3, 1], 0),
+                        NewRequestData("b", [7, 8, 9], [], p, [2], 0)], scheduled={"a": 18, "b": 3}))
+    batch = runner.input_batch
+    batch.append_tokens(np.array([batch.row_of["b"]]), np.array([77]))  # "b" sampled 77
+    s = step(runner, so_of(cached=[CachedRequestData("a", [], 18), CachedRequestData("b", [], 3)],
+                           scheduled={"b": 1, "a": 2}))
+    assert s.req_ids == ["b", "a"]  # scheduler order, not admission order
+    assert s.positions.tolist() == [3, 18, 19] and s.input_ids.tolist() == [77, 118, 119]
+    assert s.metadata.slot_mapping.tolist() == [2 * BS + 3, BS + 2, BS + 3]
+    assert s.sample_mask.tolist() == [True, True] and s.logits_indices.tolist() == [0, 2]
+
+
+def test_a_step_beyond_the_known_tokens_is_refused(runner):
+    a = NewRequestData("a", [1, 2, 3], [], SamplingParams(), [1], 0)
+    with pytest.raises(RuntimeError, match="neither known nor in flight"):
+        step(runner, so_of([a], scheduled={"a": 4}))
+
+
+def test_finished_requests_free_their_rows(runner):
+    a = NewRequestData("a", [1, 2, 3], [], SamplingParams(), [1], 0)
+    step(runner, so_of([a], scheduled={"a": 3}))
+    assert "a" in runner.input_batch.row_of
+    runner._update_states(so_of(finished=["a"]))
+    assert "a" not in runner.input_batch.row_of
