@@ -297,7 +297,11 @@ def images(session: nox.Session) -> None:
         )
     buildx = _has_buildx()
     if not buildx:
-        session.warn("no `docker buildx`: building with `DOCKER_BUILDKIT=1 docker build`, host platform only")
+        session.warn(
+            "no `docker buildx`: building with `DOCKER_BUILDKIT=1 docker build`, host platform "
+            "only (a Docker >= 23 client needs the buildx plugin for BuildKit; $DOCKER can name "
+            "a client with BuildKit built in, e.g. Docker 20.10's)"
+        )
     for platform, cmd in zip(selected, commands, strict=True):
         if not buildx:
             try:
