@@ -275,3 +275,21 @@ def test_classic_build_fallback_without_buildx():
     assert "--load" not in classic and classic[classic.index("--tag") + 1] == noxfile.image_tag("cpu")
     with pytest.raises(ValueError, match="buildx"):
         noxfile.classic_build_command(noxfile.buildx_command("cpu", ["--push"]))
+
+
+def test_smoke_suite_tree_leaves_out_the_source_package(tmp_path):
+    """tools/image_smoke.py mounts the repository without octavo/, so the suite inside the
+    image imports the package installed there, not a source tree."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (e.g. the suite already running inside an image)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_octavo_image_smoke", ROOT / "tools" / "image_smoke.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    smoke.export_tree(tmp_path)
+    assert not (tmp_path / "octavo").exists()
+    for needed in ("pyproject.toml", "noxfile.py", "docker/versions.json", "tools/image_suite.sh",
+                   "tests/test_docker.py", "tests/conftest.py"):
+        assert (tmp_path / needed).is_file(), needed
+    assert not list(tmp_path.rglob("*.so")) and not (tmp_path / ".nox").exists()

@@ -4,7 +4,8 @@ Checks, each against the real image with a real Docker engine:
   1. the image: its size, a non-root numeric USER, no compiler or make on its PATH;
   2. ``octavo info`` and ``octavo generate`` (the model shipped in the package) in a container;
   3. ``octavo serve`` in a container on the host network, bound to 127.0.0.1 on a free port:
-     GET /health, GET /v1/models, POST /v1/completions answered (greedy, 8 tokens);
+     GET /health, GET /v1/models, POST /v1/completions answered (greedy, 8 tokens); then the
+     image as shipped (0.0.0.0:8000, no network) until Docker's HEALTHCHECK says healthy;
   4. unless ``--no-suite``: ``nox --no-venv -s test-cpu`` inside the image against the
      installed package (tools/image_suite.sh), with the test tools installed from the package
      index into the container's user site; arguments after ``--`` go to pytest.
@@ -130,6 +131,30 @@ def check_serve(cli: str, image: str, startup_s: float) -> None:
         print(f"(server container removed; last log lines:)\n{logs.strip()}")
 
 
+def check_healthcheck(cli: str, image: str, deadline_s: float) -> None:
+    """The image as shipped (entrypoint's 0.0.0.0:8000, no arguments) in a container with its
+    own network namespace: Docker's HEALTHCHECK must report it healthy."""
+    name = f"octavo-smoke-{os.getpid()}-health"
+    docker(cli, "run", "-d", "--name", name, "--network", "none", image)
+    try:
+        started, end = time.monotonic(), time.monotonic() + deadline_s
+        status = ""
+        while time.monotonic() < end:
+            status = docker(cli, "inspect", "--format", "{{.State.Status}} {{.State.Health.Status}}",
+                            name, check=False).strip()
+            if status == "running healthy" or not status.startswith("running"):
+                break
+            time.sleep(2)
+        if status != "running healthy":
+            logs = subprocess.run([cli, "logs", name], capture_output=True, text=True, check=False)
+            raise SmokeError(f"HEALTHCHECK: {status!r} after {time.monotonic() - started:.0f} s\n"
+                             f"{logs.stdout}{logs.stderr}")
+        print(f"default entrypoint (0.0.0.0:8000): Docker HEALTHCHECK healthy after "
+              f"{time.monotonic() - started:.0f} s")
+    finally:
+        docker(cli, "rm", "-f", name, check=False)
+
+
 def export_tree(dest: Path) -> None:
     """The repository's files (tracked and untracked-but-not-ignored), without octavo/."""
     listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others",
@@ -151,7 +176,8 @@ def run_suite(cli: str, image: str, pytest_args: list[str]) -> None:
         export_tree(Path(tmp))
         os.chmod(tmp, 0o755)
         started = time.monotonic()
-        cmd = [cli, "run", "--rm", "--name", name, "--network", "host", "-v", f"{tmp}:/src:ro",
+        cmd = [cli, "run", "--rm", "--name", name, "--network", "host", "--no-healthcheck",
+               "-v", f"{tmp}:/src:ro",
                "--entrypoint", "bash", image, "/src/tools/image_suite.sh", *pytest_args]
         print("$", " ".join(cmd), flush=True)
         try:
@@ -177,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         check_image(args.docker, args.image)
         check_cli(args.docker, args.image)
         check_serve(args.docker, args.image, args.startup_timeout)
+        check_healthcheck(args.docker, args.image, args.startup_timeout)
         if not args.no_suite:
             run_suite(args.docker, args.image, pytest_args)
     except SmokeError as e:
