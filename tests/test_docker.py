@@ -205,6 +205,9 @@ def test_no_build_tools_in_final_stage(platform):
             assert not found, f"Dockerfile.{platform}: final stage installs {found}"
     # The wheel is built in the builder stage and only copied (mounted) into the final one.
     assert "pip wheel" not in final_runs(platform)
+    # ... where a C++ kernel that fails to compile fails the build (no silent torch_ref image).
+    builder_runs = [" ".join(i["value"].split()) for i in instructions(platform)[1] if i["instruction"] == "RUN"]
+    assert any(re.search(r"OCTAVO_REQUIRE_CPU_EXT=1 [\w/ .-]*pip wheel", r) for r in builder_runs), builder_runs
     assert "from=builder" in final_runs(platform)
 
 

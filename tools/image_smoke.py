@@ -64,6 +64,9 @@ def check_cli(cli: str, image: str) -> None:
     print(f"$ octavo info (exit {info.returncode})\n{info.stdout.strip()}")
     if info.returncode != 0 or "cpu" not in info.stdout.lower():
         raise SmokeError(f"octavo info failed or names no cpu platform:\n{info.stderr}")
+    attention = [line for line in info.stdout.splitlines() if line.startswith("attention")]
+    if not attention or "cpu_paged" not in attention[0]:
+        raise SmokeError(f"the image does not use its compiled CPU kernels: {attention}")
     gen = subprocess.run([*run, "generate", "--max-tokens", "8", "--temperature", "0", "Hello, my name is"],
                          capture_output=True, text=True, check=False)
     print(f"$ octavo generate --max-tokens 8 --temperature 0 'Hello, my name is' (exit {gen.returncode})")
