@@ -1,4 +1,4 @@
-"""nox sessions: lint, test-<platform>, docker-lint, images, bench-cpu.
+"""nox sessions: lint, test-<platform>, docker-lint, images, image-smoke, bench-cpu.
 
 One ``test-<platform>`` session per platform, registered in a loop. CPU torch is pinned and
 installed *before* the package so pip never resolves a multi-GB CUDA build of torch. Inside the
@@ -9,10 +9,12 @@ Python, torch, triton, IPEX, torch_xla) comes from ``docker/versions.json``.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import nox
@@ -169,29 +171,106 @@ def docker_lint(session: nox.Session) -> None:
     session.run("hadolint", "--failure-threshold", "warning", *dockerfiles)
 
 
+def split_build_args(args: list[str] | tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """(the `--build-arg KEY=VALUE` / `--build-arg=KEY=VALUE` pairs of ``args``, later ones
+    winning; every other argument, in order)."""
+    overrides: dict[str, str] = {}
+    rest: list[str] = []
+    items = iter(args)
+    for arg in items:
+        if arg == "--build-arg" or arg.startswith("--build-arg="):
+            pair = arg.partition("=")[2] if "=" in arg else next(items, "")
+            key, sep, value = pair.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--build-arg needs KEY=VALUE, got {pair!r}")
+            overrides[key] = value
+        else:
+            rest.append(arg)
+    return overrides, rest
+
+
+def _image_build_args(platform: str, overrides: dict[str, str]) -> dict[str, str]:
+    """versions.json's build args for ``platform`` plus OCTAVO_VERSION, with ``overrides``
+    applied. An override for an arg the Dockerfile does not declare is an error, not a no-op."""
+    args = dict(PLATFORMS[platform]["build_args"], OCTAVO_VERSION=_octavo_version())
+    unknown = sorted(set(overrides) - set(args))
+    if unknown:
+        raise ValueError(
+            f"docker/Dockerfile.{platform} takes no build arg {unknown}; it takes {sorted(args)}"
+        )
+    return {**args, **overrides}
+
+
+def image_tag(platform: str) -> str:
+    return f"{VERSIONS['image_repository']}:{_octavo_version()}-{platform}"
+
+
 def buildx_command(platform: str, extra_args: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The `docker buildx build` command for docker/Dockerfile.<platform>, every build arg
-    taken from docker/versions.json. A single-platform build is loaded into the local
-    engine; a multi-platform one (CPU: amd64 + arm64) needs `--push` or `--output` passed
-    through (`nox -s images -- cpu --push`), else it stays in the build cache."""
-    spec = PLATFORMS[platform]
-    version = _octavo_version()
+    taken from docker/versions.json; `--build-arg KEY=VALUE` in ``extra_args`` replaces one
+    (e.g. a local base image) and `--platform` replaces the platform list. A single-platform
+    build is loaded into the local engine; a multi-platform one (CPU: amd64 + arm64) needs
+    `--push` or `--output` passed through (`nox -s images -- cpu --push`), else it stays in
+    the build cache."""
+    overrides, rest = split_build_args(extra_args)
+    build_platforms = ",".join(PLATFORMS[platform]["build_platforms"])
+    if "--platform" in rest:
+        at = rest.index("--platform")
+        build_platforms, rest = rest[at + 1], rest[:at] + rest[at + 2 :]
     cmd = ["docker", "buildx", "build", "--file", f"docker/Dockerfile.{platform}"]
-    cmd += ["--platform", ",".join(spec["build_platforms"])]
-    for key, value in spec["build_args"].items():
+    cmd += ["--platform", build_platforms]
+    for key, value in _image_build_args(platform, overrides).items():
         cmd += ["--build-arg", f"{key}={value}"]
-    cmd += ["--build-arg", f"OCTAVO_VERSION={version}"]
-    cmd += ["--tag", f"{VERSIONS['image_repository']}:{version}-{platform}"]
-    wants_output = any(a in ("--push", "--load") or a.startswith("--output") for a in extra_args)
-    if len(spec["build_platforms"]) == 1 and not wants_output:
+    cmd += ["--tag", image_tag(platform)]
+    wants_output = any(a in ("--push", "--load") or a.startswith("--output") for a in rest)
+    if "," not in build_platforms and not wants_output:
         cmd.append("--load")
-    return [*cmd, *extra_args, "."]
+    return [*cmd, *rest, "."]
+
+
+def host_build_platform() -> str:
+    """This machine's architecture as a Docker platform (linux/amd64 or linux/arm64)."""
+    import platform as _pf
+
+    machine = _pf.machine().lower()
+    arch = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine)
+    if arch is None:
+        raise ValueError(f"no Docker platform for machine {machine!r}")
+    return f"linux/{arch}"
+
+
+def classic_build_command(buildx_cmd: list[str], docker: str = "docker") -> list[str]:
+    """The same build with `docker build` (run it with DOCKER_BUILDKIT=1) for an engine
+    without the buildx plugin: one platform (the host's, when versions.json lists several and
+    none was chosen), loaded into the local engine as `docker build` always does."""
+    args = buildx_cmd[3:]
+    at = args.index("--platform")
+    platforms = args[at + 1].split(",")
+    if len(platforms) > 1:
+        host = host_build_platform()
+        if host not in platforms:
+            raise ValueError(f"this {host} machine cannot build {platforms} without buildx")
+        platforms = [host]
+    args = args[:at] + ["--platform", platforms[0]] + args[at + 2 :]
+    if any(a == "--push" or a.startswith("--output") for a in args):
+        raise ValueError("--push/--output need docker buildx; build, then `docker push` the tag")
+    return [docker, "build", *[a for a in args if a != "--load"]]
+
+
+def _docker_cli() -> str:
+    """The docker client to use: $DOCKER (a path), else `docker` on PATH."""
+    return os.environ.get("DOCKER", "docker")
 
 
 def _docker_engine_reachable() -> bool:
-    if shutil.which("docker") is None:
+    if shutil.which(_docker_cli()) is None:
         return False
-    probe = subprocess.run(["docker", "info"], capture_output=True, check=False)
+    probe = subprocess.run([_docker_cli(), "info"], capture_output=True, check=False)
+    return probe.returncode == 0
+
+
+def _has_buildx() -> bool:
+    probe = subprocess.run([_docker_cli(), "buildx", "version"], capture_output=True, check=False)
     return probe.returncode == 0
 
 
@@ -199,12 +278,18 @@ def _docker_engine_reachable() -> bool:
 def images(session: nox.Session) -> None:
     """Build every image (or those named: `nox -s images -- cpu cuda`) with docker buildx.
 
-    Other arguments go to every `docker buildx build` (e.g. `--push`). Without a reachable
-    Docker engine it prints the exact commands and fails: nothing was built.
+    Other arguments go to every build (e.g. `--push`, `--network host`); `--build-arg
+    KEY=VALUE` replaces that arg of versions.json for this build (a local base image, a local
+    wheel folder: docs/deployment.md). Without the buildx plugin it builds with
+    `DOCKER_BUILDKIT=1 docker build`, for the host's platform only. $DOCKER picks the client.
+    Without a reachable Docker engine it prints the exact commands and fails: nothing was built.
     """
     selected = [a for a in session.posargs if a in PLATFORMS] or list(PLATFORMS)
     passthrough = [a for a in session.posargs if a not in PLATFORMS]
-    commands = [buildx_command(p, passthrough) for p in selected]
+    try:
+        commands = [buildx_command(p, passthrough) for p in selected]
+    except ValueError as e:
+        session.error(str(e))
     if not _docker_engine_reachable():
         listing = "\n".join(shlex.join(c) for c in commands)
         print(f"# run from {ROOT} on a machine with a Docker engine and buildx:\n{listing}")
@@ -212,13 +297,50 @@ def images(session: nox.Session) -> None:
             "no Docker engine reachable (`docker info` failed), so no image was built; "
             "the commands above build them (run them where Docker runs)"
         )
+    buildx = _has_buildx()
+    if not buildx:
+        session.warn(
+            "no `docker buildx`: building with `DOCKER_BUILDKIT=1 docker build`, host platform "
+            "only (a Docker >= 23 client needs the buildx plugin for BuildKit; $DOCKER can name "
+            "a client with BuildKit built in, e.g. Docker 20.10's)"
+        )
     for platform, cmd in zip(selected, commands, strict=True):
+        if not buildx:
+            try:
+                cmd = classic_build_command(cmd, _docker_cli())
+            except ValueError as e:
+                session.error(f"{platform}: {e}")
+            session.run(*cmd, external=True, env={"DOCKER_BUILDKIT": "1"})
+            continue
         if "--load" not in cmd and not any(a == "--push" or a.startswith("--output") for a in cmd):
             session.warn(
                 f"{platform}: a multi-platform build without --push/--output stays in the "
                 "build cache (pass them after --, e.g. `nox -s images -- cpu --push`)"
             )
-        session.run(*cmd, external=True)
+        session.run(_docker_cli(), *cmd[1:], external=True)
+
+
+@nox.session(name="image-smoke", venv_backend="none")
+def image_smoke(session: nox.Session) -> None:
+    """Run the built CPU image (`nox -s images -- cpu` first): `octavo info`, `octavo
+    generate`, `octavo serve` answering /v1/completions on loopback, no compiler and a
+    non-root user in the image, then `nox --no-venv -s test-cpu` inside it against the
+    installed package. Arguments: `cpu` (the only image that runs without its device),
+    `--image TAG`, `--no-suite`; anything after a second `--` goes to pytest, e.g.
+    `nox -s image-smoke -- cpu -- -n 2`. Containers it starts are removed."""
+    args = list(session.posargs)
+    pytest_args = args[args.index("--") + 1 :] if "--" in args else []
+    args = args[: args.index("--")] if "--" in args else args
+    unknown_platforms = [a for a in args if a in PLATFORMS and a != "cpu"]
+    if unknown_platforms:
+        session.error(f"only the cpu image runs without its device; got {unknown_platforms}")
+    args = [a for a in args if a != "cpu"]
+    if not _docker_engine_reachable():
+        session.error("no Docker engine reachable (`docker info` failed)")
+    session.run(
+        sys.executable, str(ROOT / "tools" / "image_smoke.py"), "--docker", _docker_cli(),
+        "--image", image_tag("cpu"), *args, "--", *pytest_args, external=True,
+    )
 
 
 @nox.session(name="bench-cpu")

@@ -205,6 +205,9 @@ def test_no_build_tools_in_final_stage(platform):
             assert not found, f"Dockerfile.{platform}: final stage installs {found}"
     # The wheel is built in the builder stage and only copied (mounted) into the final one.
     assert "pip wheel" not in final_runs(platform)
+    # ... where a C++ kernel that fails to compile fails the build (no silent torch_ref image).
+    builder_runs = [" ".join(i["value"].split()) for i in instructions(platform)[1] if i["instruction"] == "RUN"]
+    assert any(re.search(r"OCTAVO_REQUIRE_CPU_EXT=1 [\w/ .-]*pip wheel", r) for r in builder_runs), builder_runs
     assert "from=builder" in final_runs(platform)
 
 
@@ -213,21 +216,83 @@ def test_build_tools_pattern():
     assert not BUILD_TOOLS.findall(' "python${PYTHON_VERSION}-venv" libgomp1 libtcmalloc-minimal4')
 
 
-def test_images_session_passes_every_build_arg():
-    """noxfile's `images` session builds each image with exactly versions.json's args."""
+@cache
+def load_noxfile():
     pytest.importorskip("nox")
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("_octavo_noxfile", ROOT / "noxfile.py")
     noxfile = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(noxfile)
+    return noxfile
+
+
+def build_args_of(cmd: list[str]) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in (cmd[n + 1] for n, x in enumerate(cmd) if x == "--build-arg"))
+
+
+def test_images_session_passes_every_build_arg():
+    """noxfile's `images` session builds each image with exactly versions.json's args."""
+    noxfile = load_noxfile()
     for platform, entry in PLATFORMS.items():
         cmd = noxfile.buildx_command(platform)
         assert cmd[:3] == ["docker", "buildx", "build"] and cmd[-1] == "."
         assert cmd[cmd.index("--file") + 1] == f"docker/Dockerfile.{platform}"
         assert cmd[cmd.index("--platform") + 1] == ",".join(entry["build_platforms"])
-        given = dict(a.split("=", 1) for a in (cmd[n + 1] for n, x in enumerate(cmd) if x == "--build-arg"))
+        given = build_args_of(cmd)
         assert given == dict(entry["build_args"], OCTAVO_VERSION=noxfile._octavo_version())
         assert ("--load" in cmd) == (len(entry["build_platforms"]) == 1)
     assert "--load" not in noxfile.buildx_command("cuda", ["--push"])
     assert noxfile.CPU_TORCH == f"torch=={PLATFORMS['cpu']['build_args']['TORCH_VERSION']}"
+
+
+def test_build_arg_overrides_replace_versions_json_values():
+    """`nox -s images -- cpu --build-arg KEY=VALUE`: later values win, each arg given once,
+    and an arg the Dockerfile does not take is refused (never silently dropped)."""
+    noxfile = load_noxfile()
+    cmd = noxfile.buildx_command("cpu", [
+        "--build-arg", "BASE_IMAGE=local-base:1", "--build-arg=PYTHON_VERSION=3.11",
+        "--network", "host", "--build-arg", "BASE_IMAGE=local-base:2", "--platform", "linux/amd64",
+    ])
+    args = build_args_of(cmd)
+    assert args["BASE_IMAGE"] == "local-base:2" and args["PYTHON_VERSION"] == "3.11"
+    assert args["TORCH_VERSION"] == PLATFORMS["cpu"]["build_args"]["TORCH_VERSION"]
+    assert [x for x in cmd if x == "--build-arg"] == ["--build-arg"] * len(args)
+    assert cmd[cmd.index("--platform") + 1] == "linux/amd64" and cmd.count("--platform") == 1
+    assert "--load" in cmd  # one platform chosen: loaded into the engine
+    assert cmd[-4:] == ["--load", "--network", "host", "."]
+    with pytest.raises(ValueError, match="NOT_AN_ARG"):
+        noxfile.buildx_command("cpu", ["--build-arg", "NOT_AN_ARG=1"])
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        noxfile.buildx_command("cpu", ["--build-arg", "BASE_IMAGE"])
+
+
+def test_classic_build_fallback_without_buildx():
+    """Without the buildx plugin: `docker build` (BuildKit) with the same args, one platform."""
+    noxfile = load_noxfile()
+    buildx = noxfile.buildx_command("cpu", ["--build-arg", "BASE_IMAGE=b:1", "--network", "host"])
+    classic = noxfile.classic_build_command(buildx, "/usr/bin/docker")
+    assert classic[:2] == ["/usr/bin/docker", "build"] and classic[-1] == "."
+    assert build_args_of(classic) == build_args_of(buildx)
+    assert classic[classic.index("--platform") + 1] == noxfile.host_build_platform()
+    assert "--load" not in classic and classic[classic.index("--tag") + 1] == noxfile.image_tag("cpu")
+    with pytest.raises(ValueError, match="buildx"):
+        noxfile.classic_build_command(noxfile.buildx_command("cpu", ["--push"]))
+
+
+def test_smoke_suite_tree_leaves_out_the_source_package(tmp_path):
+    """tools/image_smoke.py mounts the repository without octavo/, so the suite inside the
+    image imports the package installed there, not a source tree."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (e.g. the suite already running inside an image)")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_octavo_image_smoke", ROOT / "tools" / "image_smoke.py")
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    smoke.export_tree(tmp_path)
+    assert not (tmp_path / "octavo").exists()
+    for needed in ("pyproject.toml", "noxfile.py", "docker/versions.json", "tools/image_suite.sh",
+                   "tests/test_docker.py", "tests/conftest.py"):
+        assert (tmp_path / needed).is_file(), needed
+    assert not list(tmp_path.rglob("*.so")) and not (tmp_path / ".nox").exists()
