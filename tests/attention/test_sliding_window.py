@@ -93,11 +93,7 @@ def _cpu_variants() -> list[str]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("window,cap", [(WINDOW, None), (None, CAP), (WINDOW, CAP), (16, None)])
 def test_cpu_paged(variant, dtype, window, cap):
-    from octavo.attention.backends.cpu_paged import (
-        DTYPE_CODES,
-        build_cpu_metadata,
-        cache_from_reference,
-    )
+    from octavo.attention.backends.cpu_paged import build_cpu_metadata, cache_from_reference
 
     q, k, v, cache, md = _batch(dtype, head_size=64)
     scale = 64**-0.5
@@ -107,13 +103,13 @@ def test_cpu_paged(variant, dtype, window, cap):
     ext = cpu_isa.load_variant(variant)
     c = cache_from_reference(cache)
     m = build_cpu_metadata(md)
-    code = DTYPE_CODES[dtype]
-    ext.write_kv(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
-                 c.data_ptr(), m.slot_mapping_ptr, md.num_actual_tokens, 2, 64, BS, code, 0, 0)
+    n = md.num_actual_tokens
+    ext.write_kv(key=k, value=v, kv_cache=c, slot_mapping=m.slot_mapping[:n])
     out = torch.full_like(q, float("nan"))
-    ext.paged_attention(q.data_ptr(), q.stride(0), out.data_ptr(), 4 * 64, c.data_ptr(), m.qsl_ptr,
-                        m.seq_lens_ptr, m.block_table_ptr, m.block_table.stride(0), md.num_reqs, 4, 2, 64, BS,
-                        scale, code, 0, 0, window or 0, cap or 0.0)
+    ext.paged_attention(
+        query=q, out=out, kv_cache=c, query_start_loc=m.query_start_loc, seq_lens=m.seq_lens,
+        block_table=m.block_table, scale=scale, sliding_window=window or 0, soft_cap=cap or 0.0,
+    )
     assert not torch.isnan(out).any(), "read a block outside the window, or left output unwritten"
     assert rel_err(out, ref) < (2e-6 if dtype == torch.float32 else 1e-2)
 
