@@ -89,6 +89,14 @@ class SamplingFields(OpenAIModel):
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1)
     request_id: str | None = Field(default=None, max_length=256)
+    # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* names.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     _spaces = field_validator("spaces_between_special_tokens")(
         only_default(True, "spaces_between_special_tokens=false")
@@ -121,7 +129,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     # vLLM extras
     echo: bool = False
     add_generation_prompt: bool = True

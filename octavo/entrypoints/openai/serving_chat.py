@@ -114,8 +114,6 @@ class OpenAIServingChat(OpenAIServing):
         self.check_model(req.model)
         if req.tools and req.tool_choice != "none":
             raise OpenAIError("tool calling is not supported", param="tools")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise OpenAIError("only response_format type 'text' is supported", param="response_format")
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
         prompt = self.render(
