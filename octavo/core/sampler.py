@@ -61,7 +61,8 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     # [S, V] bool, True where a token is *not* allowed (rows without a list are all False).
     allowed_token_ids_mask: torch.Tensor | None = None
-    # Structured outputs: (row indices, K of them; packed int32 bitmask [K, ceil(V / 32)]).
+    # Structured outputs: (constrained row indices; packed int32 bitmask [S, ceil(V / 32)] whose
+    # rows at those indices apply, the others are ignored).
     token_bitmask: tuple[list[int], torch.Tensor] | None = None
     # (row indices, token ids) to set to -inf.
     bad_words_mask: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -117,17 +118,18 @@ def bad_words_positions(
 
 # -- pipeline stages -------------------------------------------------------------------------
 def apply_token_bitmask_reference(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
-    """In place: -inf where a row's packed bitmask has bit ``t % 32`` of word ``t // 32`` clear.
+    """In place, for each ``r`` in ``rows``: ``logits[r, t] = -inf`` where bit ``t % 32`` of
+    ``bitmask[r, t // 32]`` is clear. Rows not listed are left alone.
 
     Plain torch, any device: the readable definition ``apply_token_bitmask`` is tested against.
     """
     vocab = logits.shape[-1]
     bits = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64, device=bitmask.device),
                                     torch.arange(32, device=bitmask.device)).to(torch.int32)
-    banned = ((bitmask.unsqueeze(-1) & bits) == 0).flatten(1)
+    idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    banned = ((bitmask[idx].unsqueeze(-1) & bits) == 0).flatten(1)
     if banned.shape[1] < vocab:  # tokens past the grammar's vocabulary are never allowed
         banned = torch.nn.functional.pad(banned, (0, vocab - banned.shape[1]), value=True)
-    idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
     logits.index_put_((idx,), logits[idx].masked_fill_(banned[:, :vocab], float("-inf")))
 
 

@@ -51,7 +51,13 @@ def test_regex_and_choice(llm):
                              structured_outputs=StructuredOutputsParams(regex=regexes[i % 4])) for i in range(20)]
     params += [SamplingParams(max_tokens=20, temperature=1.0, seed=i,
                               structured_outputs=StructuredOutputsParams(choice=choices)) for i in range(20)]
-    outs = llm.generate([PROMPTS[i % 4] for i in range(40)], params, use_tqdm=False)
+    # Unconstrained requests interleaved: constrained rows sit at varying batch positions.
+    plain = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    mixed = [p for pair in zip(params, [plain] * 40, strict=True) for p in pair]
+    outs = llm.generate([PROMPTS[i // 2 % 4] for i in range(80)], mixed, use_tqdm=False)
+    free = llm.generate(PROMPTS[0], plain, use_tqdm=False)[0].outputs[0].text
+    assert outs[1].outputs[0].text == free  # the plain rows were not masked
+    outs = outs[::2]
     for i, out in enumerate(outs[:20]):
         assert re.fullmatch(regexes[i % 4], out.outputs[0].text), out.outputs[0].text
         assert out.outputs[0].finish_reason == "stop"
