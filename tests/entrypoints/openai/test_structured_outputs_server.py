@@ -124,3 +124,11 @@ def test_invalid_constraints_are_400s_naming_the_problem(client, body, needle, p
         assert err["param"] == param
     # and the server keeps serving
     assert chat(client, max_completion_tokens=2).choices[0].finish_reason in ("length", "stop")
+
+
+def test_auto_tool_choice_needs_the_server_flags(client):
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with pytest.raises(openai.BadRequestError, match="--enable-auto-tool-choice"):
+        chat(client, tools=tools)
+    r = chat(client, tools=tools, tool_choice={"type": "function", "function": {"name": "f"}}, max_tokens=20)
+    assert r.choices[0].message.tool_calls[0].function.name == "f"
