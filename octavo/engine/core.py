@@ -153,6 +153,5 @@ def _make_structured_output_manager(config: OctavoConfig):
 
     eos = getattr(mc.hf_config, "eos_token_id", None)
     stop_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
-    return StructuredOutputManager(
-        load_tokenizer, mc.vocab_size, stop_ids, config.structured_outputs_config.backend
-    )
+    so = config.structured_outputs_config
+    return StructuredOutputManager(load_tokenizer, mc.vocab_size, stop_ids, so.backend, so.reasoning_parser)

@@ -41,14 +41,22 @@ class GrammarCompilerPool:
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="octavo-grammar")
         self._futures: OrderedDict[str, Future] = OrderedDict()
         self._compiler = None
+        self._tokenizer = None
         self._lock = threading.Lock()
 
+    def tokenizer(self):
+        """The tokenizer, loaded once (from whichever thread asks first)."""
+        with self._lock:
+            if self._tokenizer is None:
+                self._tokenizer = self._load_tokenizer()
+            return self._tokenizer
+
     def _get_compiler(self):
+        tok = self.tokenizer()
         with self._lock:
             if self._compiler is None:
                 import xgrammar as xgr
 
-                tok = self._load_tokenizer()
                 # The request's EOS (the input processor's rule): the tokenizer's, else config's.
                 eos = getattr(tok, "eos_token_id", None)
                 stops = [eos] if eos is not None else self.stop_token_ids

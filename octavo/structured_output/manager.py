@@ -28,6 +28,11 @@ from octavo.core.request import Request
 from octavo.core.scheduler_output import SchedulerOutput
 from octavo.structured_output.compiler import GrammarCompilerPool
 from octavo.structured_output.grammar import check_backend
+from octavo.structured_output.reasoning import (
+    REASONING_MARKERS,
+    check_reasoning_parser,
+    initial_state,
+)
 from octavo.structured_output.request import StructuredOutputRequest
 
 logger = logging.getLogger(__name__)
@@ -42,8 +47,12 @@ class StructuredOutputManager:
         vocab_size: int,
         stop_token_ids: list[int],
         backend: str = "auto",
+        reasoning_parser: str | None = None,
     ) -> None:
         check_backend(backend)
+        check_reasoning_parser(reasoning_parser)
+        self.reasoning_parser = reasoning_parser
+        self._reasoning_ids: tuple[list[int], list[int]] | None = None
         self.vocab_size = vocab_size
         self.bitmask_width = (vocab_size + 31) // 32
         self._pool_args = (load_tokenizer, vocab_size, stop_token_ids)
@@ -61,8 +70,21 @@ class StructuredOutputManager:
         params = request.sampling_params.structured_outputs
         if params is None:
             return
-        request.structured_output_request = StructuredOutputRequest(self.pool.submit(params))
+        reasoning = None
+        if self.reasoning_parser is not None:
+            start_ids, end_ids = self.reasoning_ids()
+            state = initial_state(self.reasoning_parser, request.prompt_token_ids, start_ids, end_ids)
+            reasoning = (state, start_ids, end_ids)
+        request.structured_output_request = StructuredOutputRequest(self.pool.submit(params), reasoning)
         self._pending.append(request)
+
+    def reasoning_ids(self) -> tuple[list[int], list[int]]:
+        """Token ids of the reasoning start and end markers (the tokenizer is loaded once)."""
+        if self._reasoning_ids is None:
+            tok = self.pool.tokenizer()
+            start, end = REASONING_MARKERS[self.reasoning_parser]
+            self._reasoning_ids = tuple(tok.encode(m, add_special_tokens=False) for m in (start, end))
+        return self._reasoning_ids
 
     def poll(self) -> list[tuple[Request, str]]:
         """Forget requests whose grammar is ready; return those whose compile failed."""
@@ -91,6 +113,7 @@ class StructuredOutputManager:
             (rid, req.structured_output_request)
             for rid, req in so.scheduled_requests.items()
             if req.structured_output_request is not None and req.num_output_placeholders > 0
+            and req.structured_output_request.constrains_next
         ]
         if not sampling:
             return
@@ -104,6 +127,8 @@ class StructuredOutputManager:
 
                 self._batch_matcher = xgr.BatchGrammarMatcher()
             self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask)
+        for row, (_, sor) in enumerate(sampling):
+            sor.allow_reasoning_start(bitmask, row)
         so.structured_output_request_ids = [rid for rid, _ in sampling]
         so.grammar_bitmask = bitmask
 

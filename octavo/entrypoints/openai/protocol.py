@@ -255,6 +255,7 @@ class ToolCall(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 

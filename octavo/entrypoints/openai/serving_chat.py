@@ -30,6 +30,7 @@ from octavo.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
+from octavo.entrypoints.openai.reasoning import ReasoningParser
 from octavo.entrypoints.openai.serving_engine import OpenAIServing, merge_streams
 from octavo.entrypoints.openai.tool_calls import ToolCallPlan, ToolServerConfig, template_messages
 
@@ -59,6 +60,8 @@ class OpenAIServingChat(OpenAIServing):
         super().__init__(engine, served_model_name)
         self.chat_template = chat_template
         self.tool_config = tool_config or ToolServerConfig()
+        name = engine.config.structured_outputs_config.reasoning_parser
+        self.reasoning = ReasoningParser(name) if name else None
 
     def _conversation(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         conv = []
@@ -149,10 +152,13 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if logprobs is not None and c.logprobs is not None:
                 lps = ChatLogprobs(content=self.chat_logprobs(c.token_ids, c.logprobs, logprobs))
-            content, tool_calls, finish_reason = plan.message(c.text, c.finish_reason)
+            reasoning, text = self.reasoning.extract(c.text) if self.reasoning else (None, c.text)
+            content, tool_calls, finish_reason = plan.message(text or "", c.finish_reason)
+            message = ChatResponseMessage(content=(content or None) if reasoning else content,
+                                          reasoning_content=reasoning, tool_calls=tool_calls)
             choices.append(
                 ChatChoice(
-                    index=c.index, message=ChatResponseMessage(content=content, tool_calls=tool_calls),
+                    index=c.index, message=message,
                     logprobs=lps, finish_reason=finish_reason, stop_reason=c.stop_reason,
                 )
             )
@@ -181,6 +187,7 @@ class OpenAIServingChat(OpenAIServing):
 
         done: set[int] = set()
         tool_streams = [plan.streamer() for _ in range(n)]
+        reasoning_streams = [self.reasoning.streamer() if self.reasoning else None for _ in range(n)]
         prompt_tokens = completion_tokens = 0
         try:
             yield chunk([
@@ -197,11 +204,15 @@ class OpenAIServingChat(OpenAIServing):
                     if num is not None and c.logprobs:
                         content = self.chat_logprobs(c.token_ids, c.logprobs, num)
                         lps = {"content": [x.model_dump() for x in content]}
-                    ts = tool_streams[c.index]
-                    text, calls = ts.feed(c.text, final=bool(c.finish_reason))
-                    if not text and not calls and lps is None and not c.finish_reason:
+                    ts, rs = tool_streams[c.index], reasoning_streams[c.index]
+                    final = bool(c.finish_reason)
+                    thought, text = rs.feed(c.text, final) if rs is not None else ("", c.text)
+                    text, calls = ts.feed(text, final)
+                    if not thought and not text and not calls and lps is None and not c.finish_reason:
                         continue
                     delta: dict[str, Any] = {"content": text} if text else {}
+                    if thought:
+                        delta["reasoning_content"] = thought
                     if calls:
                         delta["tool_calls"] = calls
                     if c.finish_reason:

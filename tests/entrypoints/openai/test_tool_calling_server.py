@@ -1,7 +1,8 @@
 """Tool calling through a real ``octavo serve`` (the shipped model) and the ``openai`` client.
 
 The server runs a fixture chat template that renders tools and tool messages Hermes-style, with
-``--enable-auto-tool-choice --tool-call-parser hermes``. ``required`` and named functions are
+``--enable-auto-tool-choice --tool-call-parser hermes`` (and ``--reasoning-parser qwen3``, which
+leaves answers without ``<think>`` as content). ``required`` and named functions are
 grammar-constrained, so their arguments always validate; for ``auto`` the shipped model (which
 never learnt tool calling) is scripted through a test grammar into writing a Hermes
 ``<tool_call>`` block, which the parser must turn into ``tool_calls``, streamed and not."""
@@ -9,6 +10,7 @@ never learnt tool calling) is scripted through a test grammar into writing a Her
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -40,7 +42,7 @@ HERMES_REGEX = (r'Sure\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"
 @pytest.fixture(scope="module")
 def server():
     srv = RemoteServer(["--dtype", "float32", "--max-model-len", "1024", "--chat-template", str(TEMPLATE),
-                        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
                         "--structured-outputs-config", '{"disable_any_whitespace": true}'])
     yield srv
     srv.stop()
@@ -184,3 +186,11 @@ def test_cli_choices_match_the_registry():
     add_serve_args(p)
     action = next(a for a in p._actions if a.dest == "tool_call_parser")
     assert set(action.choices) == set(TOOL_PARSERS)
+
+
+def test_thinking_disabled_by_the_template_constrains_from_the_start(client):
+    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+                                       extra_body={"guided_regex": "[0-9]{5}",
+                                                   "chat_template_kwargs": {"enable_thinking": False}})
+    msg = r.choices[0].message
+    assert re.fullmatch("[0-9]{5}", msg.content) and msg.reasoning_content is None
