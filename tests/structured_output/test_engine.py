@@ -144,3 +144,19 @@ def test_chunked_prefill_preemption_prefix_cache_do_not_change_outputs(llm):
     assert got == want
     for text, schema in zip(got, schemas, strict=True):
         jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_grammar_that_fails_to_compile_aborts_only_its_request(llm, monkeypatch, caplog):
+    pool = llm.llm_engine.core.structured_outputs.pool
+
+    def fail(params):
+        raise RuntimeError("compiler exploded")
+
+    monkeypatch.setattr(pool, "_compile", fail)
+    so = StructuredOutputsParams(regex="[a-f]{7}")  # a spec no other test compiled
+    bad, good = llm.generate(["x", "y"], [SamplingParams(max_tokens=4, structured_outputs=so),
+                                          SamplingParams(max_tokens=4, ignore_eos=True)], use_tqdm=False)
+    assert bad.outputs[0].finish_reason == "abort" and bad.outputs[0].token_ids == []
+    assert "compiler exploded" in caplog.text
+    assert len(good.outputs[0].token_ids) == 4
+    assert llm.llm_engine.core.scheduler.kv_cache_manager.usage == 0.0
