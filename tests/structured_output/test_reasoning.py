@@ -24,7 +24,7 @@ def _params(max_tokens: int = 12) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def manager():
-    from octavo.config import DEFAULT_MODEL_DIR
+    from octavo.engine.model_files import DEFAULT_MODEL_DIR
     from octavo.engine.llm_engine import load_tokenizer
 
     m = StructuredOutputManager(lambda: load_tokenizer(str(DEFAULT_MODEL_DIR)), 4096, [0],
