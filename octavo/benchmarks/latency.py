@@ -65,7 +65,7 @@ def octavo_iteration(
     if structured:
         params = constrain(params)
     stamps: dict[str, list[float]] = {}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for r in requests:
         rid = f"latency-{next(_ids)}"
         stamps[rid] = []
@@ -77,6 +77,7 @@ def octavo_iteration(
             n = sum(len(c.token_ids) for c in o.outputs)
             stamps[o.request_id].extend([now] * n)
     e2e = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     ttft, tpot, itl = [], [], []
     for ts in stamps.values():
         ttft.append(ts[0] - t0)
@@ -85,6 +86,9 @@ def octavo_iteration(
             itl.extend(b - a for a, b in zip(ts, ts[1:], strict=False))
     return {"e2e_s": e2e, "ttft_s": ttft, "tpot_s": tpot, "itl_s": itl,
             "mean_tpot_s": sum(tpot) / len(tpot) if tpot else 0.0,
+            # This process's CPU time (all threads) per output token: robust to other load
+            # on the machine, which wall times are not.
+            "cpu_s_per_token": cpu / max(1, sum(len(ts) for ts in stamps.values())),
             "output_tokens": sum(len(ts) for ts in stamps.values())}
 
 
@@ -162,18 +166,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res["summary"] = {**summarize(res["iterations"]), **res["summary"]}
         res["iterations"] = [
             {"e2e_s": it["e2e_s"], "ttft_s": it["ttft_s"], "tpot_s": it["tpot_s"],
-             "mean_tpot_s": it["mean_tpot_s"], "output_tokens": it["output_tokens"]}
+             "mean_tpot_s": it.get("mean_tpot_s"), "cpu_s_per_token": it.get("cpu_s_per_token"),
+             "output_tokens": it["output_tokens"]}
             for it in res["iterations"]
         ]
         res["runs"] = res.pop("iterations")
 
     label = "octavo / hf end-to-end latency per iteration"
     if structured:  # constrained and unconstrained iterations ran back to back on the same prompts
-        results["paired"] = paired_ratios(results[STRUCTURED]["runs"], results["octavo"]["runs"], "mean_tpot_s")
+        runs = (results[STRUCTURED]["runs"], results["octavo"]["runs"])
+        results["paired"] = paired_ratios(*runs, "mean_tpot_s")
+        results["paired_cpu"] = paired_ratios(*runs, "cpu_s_per_token")
         label = f"{STRUCTURED} / octavo time per output token"
     elif len(backends) == 2:
         # Iterations of both backends ran back to back on the same prompts: pair them.
         results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "e2e_s")
+    if structured:
+        per = ", ".join(f"{x:.2f}x" for x in results["paired_cpu"]["per_repeat"])
+        print(f"{STRUCTURED} / octavo CPU time per output token: {per} (median {results['paired_cpu']['median']:.2f}x)")
     return rep.report_run(
         "latency", args, results, env_extra,
         f"latency: batch {args.batch_size}, {args.input_len} in + {args.output_len} out, "

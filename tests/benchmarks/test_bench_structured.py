@@ -20,6 +20,7 @@ def test_latency_and_throughput_structured_output(llama_dir, tmp_path, capsys):
         assert [r["output_tokens"] for r in results[key]["runs"]] == [24, 24]
         assert results[key]["summary"]["median_tpot_ms"] > 0
     assert results["paired"]["metric"] == "mean_tpot_s" and results["paired"]["median"] > 0
+    assert results["paired_cpu"]["metric"] == "cpu_s_per_token" and results["paired_cpu"]["median"] > 0
     assert "octavo+json / octavo time per output token" in capsys.readouterr().out
 
     out = tmp_path / "tp.json"
