@@ -103,6 +103,18 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """``--structured-outputs-config`` (vLLM's names): the grammar backend (``auto`` =
+    ``xgrammar``, the only one octavo has), the server-wide JSON whitespace default, and
+    ``--reasoning-parser`` (constraints apply after the reasoning section; see
+    ``octavo.structured_output.reasoning``). Built and validated by ``EngineArgs``."""
+
+    backend: str = "auto"
+    disable_any_whitespace: bool = False
+    reasoning_parser: str | None = None
+
+
+@dataclass(frozen=True)
 class OctavoConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -110,6 +122,7 @@ class OctavoConfig:
     device_config: DeviceConfig
     parallel_config: ParallelConfig
     enforce_eager: bool = False
+    structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
 
     def replace(self, **kwargs: Any) -> OctavoConfig:
         return dataclasses.replace(self, **kwargs)

@@ -19,6 +19,55 @@ from enum import IntEnum
 _SAMPLING_EPS = 1e-5
 
 
+STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the generated text, as vLLM names it: exactly one of the kinds is set.
+
+    ``json``: a JSON Schema (dict or JSON text); ``regex``: a regular expression the whole output
+    matches; ``choice``: the output is one of these strings; ``grammar``: an EBNF (GBNF) grammar
+    whose start rule is ``root``; ``json_object``: any JSON object; ``structural_tag``: xgrammar's
+    structural tag (dict or JSON text). ``disable_any_whitespace``: JSON without free whitespace
+    between tokens (small models otherwise tend to fill it with newlines).
+    Whether the constraint compiles is checked by the input processor, not here.
+    """
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | dict | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        if self.json_object is False:
+            self.json_object = None
+        kinds = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError(
+                f"structured_outputs must set exactly one of {', '.join(STRUCTURED_OUTPUT_KINDS)}; "
+                f"got {', '.join(kinds) if kinds else 'none'}"
+            )
+        if self.choice is not None:
+            if not isinstance(self.choice, (list, tuple)) or not self.choice or not all(
+                isinstance(c, str) for c in self.choice
+            ):
+                raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+            self.choice = list(self.choice)
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint is set (one of ``STRUCTURED_OUTPUT_KINDS``)."""
+        return next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) is not None)
+
+
 class SamplingType(IntEnum):
     GREEDY = 0
     RANDOM = 1
@@ -50,6 +99,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     detokenize: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the input processor: token-id sequences of ``bad_words``.
     _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -66,6 +116,13 @@ class SamplingParams:
             self.stop_token_ids = []
         else:
             self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.structured_outputs, dict):  # rebuilt after msgpack, or from kwargs
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(
+                "structured_outputs must be StructuredOutputsParams, got "
+                f"{type(self.structured_outputs).__name__}"
+            )
         if self.logit_bias is not None:
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
@@ -158,13 +215,15 @@ class SamplingParams:
 
     @property
     def needs_output_history(self) -> bool:
-        """Sampling reads this request's generated token ids (penalties, bad words).
+        """Sampling reads this request's generated token ids (penalties, bad words, or the
+        structured-output matcher, whose next token mask depends on every accepted token).
 
         Such a request cannot sample while its previous token is still on the device, so the
         engine does not overlap steps (async scheduling) while one is running.
         """
         return (
-            self.presence_penalty != 0.0
+            self.structured_outputs is not None
+            or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
             or bool(self._bad_words_token_ids)

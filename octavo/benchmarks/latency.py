@@ -32,6 +32,8 @@ from octavo.benchmarks.common import (
     parse_backends,
 )
 from octavo.benchmarks.datasets import SampleRequest, random_requests, special_ids
+from octavo.benchmarks.structured import KEY as STRUCTURED
+from octavo.benchmarks.structured import add_structured_output_arg, check_args, constrain
 
 logger = logging.getLogger(__name__)
 
@@ -47,18 +49,23 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-iters-warmup", type=int, default=2)
     parser.add_argument("--num-iters", type=int, default=10)
     add_backend_args(parser)
+    add_structured_output_arg(parser)
     rep.add_report_args(parser)
     add_engine_args(parser)
 
 
-def octavo_iteration(engine: Any, requests: list[SampleRequest], output_len: int) -> dict[str, Any]:
+def octavo_iteration(
+    engine: Any, requests: list[SampleRequest], output_len: int, structured: bool = False
+) -> dict[str, Any]:
     """One batch through ``LLMEngine.step``; per-request token timestamps."""
     from octavo.engine.output_processor import OutputKind
     from octavo.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=output_len, min_tokens=output_len, ignore_eos=True)
+    if structured:
+        params = constrain(params)
     stamps: dict[str, list[float]] = {}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for r in requests:
         rid = f"latency-{next(_ids)}"
         stamps[rid] = []
@@ -70,6 +77,7 @@ def octavo_iteration(engine: Any, requests: list[SampleRequest], output_len: int
             n = sum(len(c.token_ids) for c in o.outputs)
             stamps[o.request_id].extend([now] * n)
     e2e = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     ttft, tpot, itl = [], [], []
     for ts in stamps.values():
         ttft.append(ts[0] - t0)
@@ -77,6 +85,10 @@ def octavo_iteration(engine: Any, requests: list[SampleRequest], output_len: int
             tpot.append((ts[-1] - ts[0]) / (len(ts) - 1))
             itl.extend(b - a for a, b in zip(ts, ts[1:], strict=False))
     return {"e2e_s": e2e, "ttft_s": ttft, "tpot_s": tpot, "itl_s": itl,
+            "mean_tpot_s": sum(tpot) / len(tpot) if tpot else 0.0,
+            # This process's CPU time (all threads) per output token: robust to other load
+            # on the machine, which wall times are not.
+            "cpu_s_per_token": cpu / max(1, sum(len(ts) for ts in stamps.values())),
             "output_tokens": sum(len(ts) for ts in stamps.values())}
 
 
@@ -119,11 +131,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer(config)
     vocab, special = len(tokenizer), special_ids(tokenizer)
 
+    structured = check_args(args, backends)
     llm, hf_model, results, env_extra = load_engines(args, backends, mc, "iterations")
+    if structured:  # the same engine, constrained, right after each unconstrained iteration
+        backends = [*backends, STRUCTURED]
+        results[STRUCTURED] = {"summary": {}, "iterations": []}
 
     def one(b: str, reqs: list[SampleRequest]) -> dict[str, Any]:
-        if b == "octavo":
-            return octavo_iteration(llm.llm_engine, reqs, args.output_len)
+        if b in ("octavo", STRUCTURED):
+            return octavo_iteration(llm.llm_engine, reqs, args.output_len, structured=b == STRUCTURED)
         return hf_iteration(hf_model, tokenizer, reqs, args.output_len)
 
     from tqdm.auto import tqdm
@@ -150,19 +166,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res["summary"] = {**summarize(res["iterations"]), **res["summary"]}
         res["iterations"] = [
             {"e2e_s": it["e2e_s"], "ttft_s": it["ttft_s"], "tpot_s": it["tpot_s"],
+             "mean_tpot_s": it.get("mean_tpot_s"), "cpu_s_per_token": it.get("cpu_s_per_token"),
              "output_tokens": it["output_tokens"]}
             for it in res["iterations"]
         ]
         res["runs"] = res.pop("iterations")
 
-    if len(backends) == 2:
+    label = "octavo / hf end-to-end latency per iteration"
+    if structured:  # constrained and unconstrained iterations ran back to back on the same prompts
+        runs = (results[STRUCTURED]["runs"], results["octavo"]["runs"])
+        results["paired"] = paired_ratios(*runs, "mean_tpot_s")
+        results["paired_cpu"] = paired_ratios(*runs, "cpu_s_per_token")
+        label = f"{STRUCTURED} / octavo time per output token"
+    elif len(backends) == 2:
         # Iterations of both backends ran back to back on the same prompts: pair them.
         results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "e2e_s")
+    if structured:
+        per = ", ".join(f"{x:.2f}x" for x in results["paired_cpu"]["per_repeat"])
+        print(f"{STRUCTURED} / octavo CPU time per output token: {per} (median {results['paired_cpu']['median']:.2f}x)")
     return rep.report_run(
         "latency", args, results, env_extra,
         f"latency: batch {args.batch_size}, {args.input_len} in + {args.output_len} out, "
         f"{args.num_iters} iterations after {args.num_iters_warmup} warm-up, model {mc.model}",
-        "octavo / hf end-to-end latency per iteration",
+        label,
     )
 
 

@@ -25,6 +25,8 @@ from octavo.benchmarks.common import (
     parse_backends,
 )
 from octavo.benchmarks.datasets import SampleRequest, get_requests, random_requests, special_ids
+from octavo.benchmarks.structured import KEY as STRUCTURED
+from octavo.benchmarks.structured import add_structured_output_arg, check_args, constrain
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
                              "the reference completion's length)")
     parser.add_argument("--num-prompts", type=int, default=32)
     add_backend_args(parser)
+    add_structured_output_arg(parser)
     rep.add_report_args(parser)
     add_engine_args(parser)
 
@@ -59,9 +62,13 @@ def _octavo_prompt(r: SampleRequest) -> Any:
     return {"prompt_token_ids": r.prompt} if isinstance(r.prompt, list) else r.prompt
 
 
-def run_octavo_once(llm: Any, requests: list[SampleRequest], use_tqdm: bool) -> dict[str, Any]:
+def run_octavo_once(
+    llm: Any, requests: list[SampleRequest], use_tqdm: bool, structured: bool = False
+) -> dict[str, Any]:
     prompts = [_octavo_prompt(r) for r in requests]
     params = [_sampling_params(r.expected_output_len) for r in requests]
+    if structured:
+        params = [constrain(p) for p in params]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=use_tqdm)
     wall = time.perf_counter() - t0
@@ -96,7 +103,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return get_requests(args.dataset, tokenizer, args.num_prompts, args.input_len,
                             args.output_len, seed=args.seed + 1 + r, max_model_len=mc.max_model_len)
 
+    structured = check_args(args, backends)
     llm, hf_model, results, env_extra = load_engines(args, backends, mc, "runs")
+    if structured:  # the same engine, constrained, right after each unconstrained repeat
+        backends = [*backends, STRUCTURED]
+        results[STRUCTURED] = {"summary": {}, "runs": []}
     if "hf" in results:
         results["hf"]["batch_size"] = args.hf_batch_size or args.num_prompts
 
@@ -106,8 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            seed=10_000 + args.seed, exclude_ids=special_ids(tokenizer))
     for b in backends:
         t0 = time.perf_counter()
-        if b == "octavo":
-            run_octavo_once(llm, warm, use_tqdm=False)
+        if b in ("octavo", STRUCTURED):
+            run_octavo_once(llm, warm, use_tqdm=False, structured=b == STRUCTURED)
         else:
             from octavo.benchmarks.hf_backend import hf_throughput
 
@@ -118,8 +129,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         reqs = workload(r)
         expected = sum(x.expected_output_len for x in reqs)
         for b in backends:
-            if b == "octavo":
-                one = run_octavo_once(llm, reqs, use_tqdm)
+            if b in ("octavo", STRUCTURED):
+                one = run_octavo_once(llm, reqs, use_tqdm, structured=b == STRUCTURED)
             else:
                 from octavo.benchmarks.hf_backend import hf_throughput
 
@@ -142,12 +153,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         summary.update(res["summary"])  # load and startup times, measured before the runs
         res["summary"] = summary
 
-    if len(backends) == 2:
+    label = "octavo / hf output tok/s per repeat"
+    if structured:  # time per output token = 1 / output tok/s
+        results["paired"] = paired_ratios(results["octavo"]["runs"], results[STRUCTURED]["runs"], "output_tok_per_s")
+        label = f"{STRUCTURED} / octavo time per output token (octavo / {STRUCTURED} output tok/s)"
+    elif len(backends) == 2:
         results["paired"] = paired_ratios(results["octavo"]["runs"], results["hf"]["runs"], "output_tok_per_s")
     return rep.report_run(
         "throughput", args, results, env_extra,
         f"throughput: {args.num_prompts} requests, dataset {args.dataset}, model {mc.model}",
-        "octavo / hf output tok/s per repeat",
+        label,
     )
 
 

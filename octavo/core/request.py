@@ -85,6 +85,10 @@ class Request:
         self.block_hashes: list = []
         # Next prompt position whose logprobs have not been reported (prompt_logprobs only).
         self.next_prompt_logprob_pos = 1
+        # Set by the engine when sampling_params.structured_outputs is: the grammar state
+        # (octavo.structured_output.request.StructuredOutputRequest; core only calls
+        # is_ready() and accept_tokens() on it).
+        self.structured_output_request = None
         max_tokens = sampling_params.max_tokens
         self.max_tokens: int | None = max_tokens
 

@@ -4,7 +4,8 @@ One fixed pipeline for every row (rows with different parameters share each pass
 whose rows never use a feature skips it entirely):
 
 1. logits -> float32
-2. ``allowed_token_ids``: every other token -> -inf
+2. ``allowed_token_ids``: every other token -> -inf; structured outputs: tokens the row's
+   grammar bitmask does not allow -> -inf
 3. ``bad_words``: the last token of a bad word whose prefix ends the output so far -> -inf
 4. ``min_tokens``: while fewer outputs than ``min_tokens``, EOS and ``stop_token_ids`` -> -inf;
    ``logit_bias`` is added
@@ -60,6 +61,9 @@ class SamplingMetadata:
     generators: dict[int, torch.Generator] = field(default_factory=dict)
     # [S, V] bool, True where a token is *not* allowed (rows without a list are all False).
     allowed_token_ids_mask: torch.Tensor | None = None
+    # Structured outputs: (constrained row indices; packed int32 bitmask [S, ceil(V / 32)] whose
+    # rows at those indices apply, the others are ignored).
+    token_bitmask: tuple[list[int], torch.Tensor] | None = None
     # (row indices, token ids) to set to -inf.
     bad_words_mask: tuple[torch.Tensor, torch.Tensor] | None = None
     min_tokens_mask: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -113,6 +117,32 @@ def bad_words_positions(
 
 
 # -- pipeline stages -------------------------------------------------------------------------
+def apply_token_bitmask_reference(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """In place, for each ``r`` in ``rows``: ``logits[r, t] = -inf`` where bit ``t % 32`` of
+    ``bitmask[r, t // 32]`` is clear. Rows not listed are left alone.
+
+    Plain torch, any device: the readable definition ``apply_token_bitmask`` is tested against.
+    """
+    vocab = logits.shape[-1]
+    bits = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64, device=bitmask.device),
+                                    torch.arange(32, device=bitmask.device)).to(torch.int32)
+    idx = torch.tensor(rows, dtype=torch.int64, device=logits.device)
+    banned = ((bitmask[idx].unsqueeze(-1) & bits) == 0).flatten(1)
+    if banned.shape[1] < vocab:  # tokens past the grammar's vocabulary are never allowed
+        banned = torch.nn.functional.pad(banned, (0, vocab - banned.shape[1]), value=True)
+    logits.index_put_((idx,), logits[idx].masked_fill_(banned[:, :vocab], float("-inf")))
+
+
+def apply_token_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """``apply_token_bitmask_reference`` as one kernel over the constrained rows: xgrammar's
+    (a C++ loop on CPU, a CUDA/Triton kernel on GPUs, torch elsewhere; it picks by the
+    tensors' device). Tokens past the bitmask's width stay allowed there, so the grammar's
+    vocabulary must cover the logits (the engine builds it with the model's vocab size)."""
+    import xgrammar as xgr
+
+    xgr.apply_token_bitmask_inplace(logits, bitmask, indices=list(rows))
+
+
 def get_token_bin_counts_and_mask(
     token_ids: torch.Tensor, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,6 +244,8 @@ class Sampler(nn.Module):
         neg_inf = float("-inf")
         if md.allowed_token_ids_mask is not None:
             logits.masked_fill_(md.allowed_token_ids_mask, neg_inf)
+        if md.token_bitmask is not None:
+            apply_token_bitmask(logits, *md.token_bitmask)
         if md.bad_words_mask is not None:
             logits.index_put_(md.bad_words_mask, torch.full((), neg_inf, device=logits.device))
         if md.min_tokens_mask is not None:

@@ -28,6 +28,8 @@ to ``update_from_output`` of the same step and changes nothing.
 Invariants:
 - a request is in exactly one of ``running`` / ``waiting`` until it finishes; ``requests``
   holds exactly the unfinished ones;
+- a request with a structured-output grammar is admitted only once the grammar is compiled,
+  and its matcher accepts every output token in ``update_from_output``;
 - only running requests hold blocks; a finished, aborted or preempted request holds none;
 - no request ever needs more KV than the pool has: prompts that cannot fit are rejected in
   ``add_request``, and generation stops with ``length`` at ``min(max_model_len, pool
@@ -220,6 +222,13 @@ class Scheduler:
             for s in group
         )
 
+    @staticmethod
+    def _waiting_for_grammar(req: Request) -> bool:
+        """Its structured-output grammar is still compiling (vLLM's WAITING_FOR_FSM): skipped,
+        keeping its place in the queue."""
+        sor = req.structured_output_request
+        return sor is not None and not sor.is_ready()
+
     def schedule(self) -> SchedulerOutput:
         """One step's plan under the token budget (the module docstring gives the rules)."""
         plan = _StepPlan(budget=self.max_num_batched_tokens)
@@ -261,7 +270,7 @@ class Scheduler:
         held: list[Request] = []
         while len(self.waiting) > 0 and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting.peek()
-            if self._held_back(req):
+            if self._held_back(req) or self._waiting_for_grammar(req):
                 held.append(self.waiting.pop())
                 continue
             hits, num_hit = kv.get_computed_blocks(req)
@@ -385,6 +394,8 @@ class Scheduler:
                 new_ids.append(t)
                 if self._check_stop(req):
                     break
+            if req.structured_output_request is not None:
+                req.structured_output_request.accept_tokens(new_ids)
             lps = logprobs[idx][: len(new_ids)] if logprobs and logprobs[idx] else None
             finished = req.is_finished()
             outputs.append(

@@ -8,6 +8,7 @@ the batch order: the runner lays requests out in that order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from octavo.sampling_params import SamplingParams
 
@@ -41,6 +42,10 @@ class SchedulerOutput:
     # Requests the runner should forget (finished, aborted or preempted since the last step).
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # Structured outputs: the requests that sample under a grammar in this step, and one packed
+    # int32 bitmask row each, in that order (bit t % 32 of word t // 32 set = token t allowed).
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: Any = None  # np.ndarray [len(ids), ceil(vocab / 32)] int32 (a list on the wire)
     # Engine side only, never serialized (``wire=False``): the Request object each scheduled id
     # named, so a late result is never applied to a newer request that reuses the id.
     scheduled_requests: dict = field(

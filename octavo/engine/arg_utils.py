@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from octavo.config import (
     OctavoConfig,
     ParallelConfig,
     SchedulerConfig,
+    StructuredOutputsConfig,
 )
 from octavo.core.block_hash import get_hash_function
 from octavo.engine.model_files import (
@@ -128,6 +130,12 @@ class EngineArgs:
     """Quantization method (vLLM's names). Default: the checkpoint's quantization_config, if any. A method octavo cannot run is refused at load, never silently ignored."""
     trust_remote_code: bool = False
     """Accepted for vLLM compatibility; octavo never runs a checkpoint's own Python code, so setting it is an error."""
+    structured_outputs_config: str | dict | None = None
+    """Structured outputs as JSON: {"backend": "auto"|"xgrammar", "disable_any_whitespace": false, "reasoning_parser": null}."""
+    guided_decoding_backend: str | None = None
+    """Older name of the structured outputs backend (auto or xgrammar)."""
+    reasoning_parser: str | None = None
+    """Split <think>...</think> into reasoning_content (deepseek_r1 or qwen3); structured outputs apply after it."""
 
     def served_model_names(self) -> list[str]:
         """The --served-model-name values as a list ([] when none was given)."""
@@ -182,8 +190,42 @@ class EngineArgs:
                 enable_expert_parallel=self.enable_expert_parallel,
             ),
             enforce_eager=self.enforce_eager,
+            structured_outputs_config=self._structured_outputs_config(),
         )
         return current_platform.check_and_update_config(config)
+
+    def _structured_outputs_config(self) -> StructuredOutputsConfig:
+        """From --structured-outputs-config (JSON or a dict), --guided-decoding-backend and
+        --reasoning-parser; unknown keys, backends and parsers are errors naming them."""
+        from octavo.structured_output.grammar import check_backend
+        from octavo.structured_output.reasoning import check_reasoning_parser
+
+        name, value = flag("structured_outputs_config"), self.structured_outputs_config
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as e:
+                raise ValueError(f"{name} must be a JSON object: {e}") from None
+        if not isinstance(value or {}, dict):
+            raise ValueError(f"{name} must be a JSON object; got {value!r}")
+        d = dict(value or {})
+        known = [f.name for f in dataclasses.fields(StructuredOutputsConfig)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f"{name}: unknown keys {unknown}; known: {known}")
+        if self.guided_decoding_backend is not None:
+            d.setdefault("backend", self.guided_decoding_backend)
+        if self.reasoning_parser is not None:
+            d.setdefault("reasoning_parser", self.reasoning_parser)
+        cfg = StructuredOutputsConfig(**d)
+        try:
+            check_backend(cfg.backend)
+            check_reasoning_parser(cfg.reasoning_parser)
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
+        _check(isinstance(cfg.disable_any_whitespace, bool), "structured_outputs_config",
+               "disable_any_whitespace true or false", cfg.disable_any_whitespace)
+        return cfg
 
     def _model_config(self) -> ModelConfig:
         model_dir = resolve_model_path(self.model, self.revision, self.download_dir)

@@ -8,7 +8,8 @@ With async scheduling one step stays in flight between calls: ``step`` schedules
 step N+1, then waits for step N and returns its outputs, so the host's scheduling, input
 preparation and output handling overlap the device's work instead of leaving it idle. Steps
 are not overlapped while a running request samples from its own generated tokens
-(penalties, bad words): those wait for the previous step, exactly as without async.
+(penalties, bad words, a structured-output grammar): those wait for the previous step,
+exactly as without async.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from octavo.core.kv_cache_manager import KVCacheManager
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request, RequestStatus
 from octavo.core.scheduler import Scheduler
+from octavo.core.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ class EngineCore:
             long_prefill_token_threshold=sc.long_prefill_token_threshold,
             enable_chunked_prefill=sc.enable_chunked_prefill,
         )
+        self.structured_outputs = _make_structured_output_manager(config)
         self.async_scheduling = sc.async_scheduling and self.executor.supports_async_scheduling
         self._inflight: tuple | None = None  # (SchedulerOutput, handle) launched, not resulted
         self.startup_seconds = time.perf_counter() - t0
@@ -77,10 +80,12 @@ class EngineCore:
         return self.executor.runner
 
     def shutdown(self) -> None:
+        self.structured_outputs.shutdown()
         self.executor.shutdown()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
+        self.structured_outputs.attach(request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
@@ -89,13 +94,31 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests() or self._inflight is not None
 
     def step(self) -> list[EngineCoreOutput]:
+        failed = self._finish_failed_grammars()
         if self.async_scheduling or self._inflight is not None:
-            return self._step_async()
+            return failed + self._step_async()
         if not self.scheduler.has_unfinished_requests():
-            return []
-        so = self.scheduler.schedule()
+            return failed
+        so = self._schedule()
         runner_out = self.executor.execute_model(so)
-        return self.scheduler.update_from_output(so, runner_out)
+        return failed + self.scheduler.update_from_output(so, runner_out)
+
+    def _schedule(self) -> SchedulerOutput:
+        """``Scheduler.schedule`` plus the grammar bitmask of the structured requests that sample."""
+        so = self.scheduler.schedule()
+        if so.total_num_scheduled_tokens:
+            self.structured_outputs.grammar_bitmask(so)
+        else:  # only requests waiting for their grammar: do not spin
+            self.structured_outputs.wait_for_compile()
+        return so
+
+    def _finish_failed_grammars(self) -> list[EngineCoreOutput]:
+        outs = []
+        for req, error in self.structured_outputs.poll():
+            self.scheduler.finish_requests(req.request_id, RequestStatus.FINISHED_ABORTED)
+            outs.append(EngineCoreOutput(req.request_id, [], finish_reason="abort",
+                                         error=f"structured_outputs: the grammar failed to compile: {error}"))
+        return outs
 
     def _can_overlap(self) -> bool:
         return not any(r.needs_output_history for r in self.scheduler.running)
@@ -104,7 +127,7 @@ class EngineCore:
         prev, self._inflight = self._inflight, None
         overlap = prev is None or (self.async_scheduling and self._can_overlap())
         if self.scheduler.has_unfinished_requests() and overlap:
-            so = self.scheduler.schedule()
+            so = self._schedule()
             if so.total_num_scheduled_tokens:
                 self._inflight = (so, self.executor.execute_model_async(so))
             else:  # nothing to compute (every request waits on the step in flight): bookkeeping only
@@ -116,3 +139,19 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+
+def _make_structured_output_manager(config: OctavoConfig):
+    from octavo.structured_output.manager import StructuredOutputManager
+
+    mc = config.model_config
+
+    def load_tokenizer():
+        from octavo.engine.llm_engine import load_tokenizer as load
+
+        return load(mc.tokenizer)
+
+    eos = getattr(mc.hf_config, "eos_token_id", None)
+    stop_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
+    so = config.structured_outputs_config
+    return StructuredOutputManager(load_tokenizer, mc.vocab_size, stop_ids, so.backend, so.reasoning_parser)

@@ -93,6 +93,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         core_outputs = self.core.step()
+        for o in core_outputs:
+            if o.error is not None:  # finished as "abort"; say why
+                logger.error("request %s failed: %s", o.request_id, o.error)
         outputs, to_abort = self.output_processor.process_outputs(core_outputs)
         if to_abort:
             self.core.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)

@@ -76,12 +76,24 @@ class Processor:
             raise ValueError(
                 f"prompt_logprobs must be <= vocab size ({self.vocab_size}); got {params.prompt_logprobs}"
             )
+        if params.structured_outputs is not None:
+            self._check_structured_outputs(params)
         if self.kv_cache_tokens is not None and n >= self.kv_cache_tokens:
             raise ValueError(
                 f"the prompt has {n} tokens but the KV cache holds only {self.kv_cache_tokens}; "
                 "it can never fit (raise num_gpu_blocks_override / the KV cache space, or "
                 "shorten the prompt)"
             )
+
+    def _check_structured_outputs(self, params: SamplingParams) -> None:
+        """Apply the server's whitespace default, then parse the constraint (``ValueError``
+        naming the problem); compiling it against the vocabulary is the engine's job."""
+        from octavo.structured_output.grammar import build_grammar
+
+        so = params.structured_outputs
+        if self.config.structured_outputs_config.disable_any_whitespace:
+            so.disable_any_whitespace = True
+        build_grammar(so)
 
     def bad_words_token_ids(self, bad_words: list[str]) -> list[list[int]]:
         """Token sequences to forbid for each bad word, as vLLM derives them.

@@ -47,6 +47,8 @@ def _default(obj: Any) -> Any:
         return list(obj)
     if isinstance(obj, enum.Enum):
         return obj.value
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # nested, e.g. StructuredOutputsParams
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
     tolist = getattr(obj, "tolist", None)  # numpy / torch scalars and arrays
     if tolist is not None:
         return tolist()

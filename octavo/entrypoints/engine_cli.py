@@ -28,6 +28,8 @@ CHOICES: dict[str, list[str]] = {
     "prefix_caching_hash_algo": ["sha256", "xxhash"],
     "scheduling_policy": ["fcfs", "priority"],
     "distributed_executor_backend": ["mp", "ray"],
+    "guided_decoding_backend": ["auto", "xgrammar"],
+    "reasoning_parser": ["deepseek_r1", "qwen3"],
 }
 ALIASES: dict[str, list[str]] = {
     "tensor_parallel_size": ["-tp"], "pipeline_parallel_size": ["-pp"], "quantization": ["-q"],

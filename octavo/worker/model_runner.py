@@ -298,12 +298,12 @@ class ModelRunner:
         if hidden is None:
             hidden = self.model(step.input_ids, step.positions, attn_md)
         prompt_logprobs = self._compute_prompt_logprobs(step.req_ids, step.rows, step.metadata, hidden)
-        sampled = None if idx is None else self._sample(step, hidden[idx])
+        sampled = None if idx is None else self._sample(step, hidden[idx], so)
         handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
         self._unresulted.append(handle)
         return handle
 
-    def _sample(self, step: StepInputs, hidden: torch.Tensor) -> SampledTokens:
+    def _sample(self, step: StepInputs, hidden: torch.Tensor, so: SchedulerOutput) -> SampledTokens:
         """Sample the requests of ``step`` that sample; results are queued to the host."""
         logits = self.model.compute_logits(hidden)
         sample_rows = step.rows[step.sample_mask]
@@ -313,6 +313,7 @@ class ModelRunner:
         else:
             num_pending = step.has_pending[step.sample_mask].astype(np.int64)
             md = self.input_batch.make_sampling_metadata(sample_rows, logits.shape[-1], self.transfer, num_pending)
+            md.token_bitmask = self._token_bitmask(so, step)
             out = self.sampler(logits, md)
             sampled_t = out.sampled_token_ids
         tp = get_tp()
@@ -330,6 +331,18 @@ class ModelRunner:
             event.record()
         return SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
                              sampled_host, lp_host, num_lp, event)
+
+    def _token_bitmask(self, so: SchedulerOutput, step: StepInputs) -> tuple[list[int], torch.Tensor] | None:
+        """The scheduler's grammar bitmask rows laid out as the sampling rows (others all-ones)."""
+        if not so.structured_output_request_ids:
+            return None
+        sample_pos = np.nonzero(step.sample_mask)[0]
+        row_of = {step.req_ids[p]: i for i, p in enumerate(sample_pos.tolist())}
+        rows = [row_of[r] for r in so.structured_output_request_ids]
+        packed = np.asarray(so.grammar_bitmask, dtype=np.int32)  # a list after msgpack (workers)
+        bitmask = np.full((len(sample_pos), packed.shape[1]), -1, dtype=np.int32)
+        bitmask[rows] = packed
+        return rows, self.transfer.to_device(bitmask)
 
     def _pending(self) -> SampledTokens | None:
         """Tokens of the last launched step not yet on the host (None when all are)."""

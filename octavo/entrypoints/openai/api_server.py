@@ -46,6 +46,7 @@ from octavo.entrypoints.openai.protocol import (
 )
 from octavo.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from octavo.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from octavo.entrypoints.openai.tool_calls import ToolServerConfig
 from octavo.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ def build_app(
     *,
     api_key: str | None = None,
     chat_template: str | None = None,
+    tool_config: ToolServerConfig | None = None,
     metrics: ServerMetrics | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
@@ -74,7 +76,7 @@ def build_app(
     )
     install_error_handlers(app)
     completions = OpenAIServingCompletion(engine, names)
-    chat = OpenAIServingChat(engine, names, chat_template)
+    chat = OpenAIServingChat(engine, names, chat_template, tool_config)
     app.state.engine = engine
     app.state.metrics = metrics
 
@@ -98,6 +100,7 @@ def build_app(
             ids = chat.render(
                 request.messages, request.add_generation_prompt, request.continue_final_message,
                 request.add_special_tokens, request.chat_template_kwargs,
+                [t.model_dump(exclude_none=True) for t in request.tools or []] or None,
             )["prompt_token_ids"]
         else:
             ids = engine.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
@@ -165,6 +168,7 @@ async def run_server(args: argparse.Namespace) -> int:
 
     engine_args = EngineArgs.from_cli_args(args)
     chat_template = load_chat_template(args.chat_template)
+    tool_config = ToolServerConfig(args.enable_auto_tool_choice, args.tool_call_parser)
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1; got {args.max_request_bytes}")
     if not 0 <= args.port <= 65535:
@@ -176,7 +180,7 @@ async def run_server(args: argparse.Namespace) -> int:
     try:
         app = build_app(
             engine, engine_args.served_model_names() or served, api_key=args.api_key or envs.OCTAVO_API_KEY, chat_template=chat_template,
-            metrics=metrics, max_request_bytes=args.max_request_bytes,
+            tool_config=tool_config, metrics=metrics, max_request_bytes=args.max_request_bytes,
         )
         uv_config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,

@@ -21,6 +21,11 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         "an empty value is an error")
     parser.add_argument("--chat-template", default=None,
                         help="Jinja chat template (a file, or the template itself) replacing the tokenizer's")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help='let the model decide when to call tools (tool_choice "auto"); needs --tool-call-parser')
+    parser.add_argument("--tool-call-parser", default=None,
+                        choices=["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder", "qwen3_xml"],
+                        help="how tool calls are written in the model's output (for tool_choice \"auto\")")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="largest accepted request body; larger ones get 413")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,

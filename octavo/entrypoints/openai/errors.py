@@ -76,6 +76,8 @@ def param_from_message(msg: str) -> str | None:
     from octavo.sampling_params import SamplingParams
 
     first = msg.split(" ", 1)[0].rstrip(":,")
+    if first.startswith("structured_outputs."):
+        return first
     names = {f.name for f in dataclasses.fields(SamplingParams)} | {"prompt", "messages"}
     return first if first in names else None
 

@@ -89,6 +89,14 @@ class SamplingFields(OpenAIModel):
     priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: str | None = Field(default=None, min_length=1)
     request_id: str | None = Field(default=None, max_length=256)
+    # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
+    # structured_outputs and its older guided_* names.
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     _spaces = field_validator("spaces_between_special_tokens")(
         only_default(True, "spaces_between_special_tokens=false")
@@ -113,15 +121,36 @@ class ChatMessage(OpenAIModel):
     name: str | None = None
 
 
+class FunctionDefinition(OpenAIModel):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # accepted: required/named calls are always grammar-constrained
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # vLLM extras
     echo: bool = False
     add_generation_prompt: bool = True
@@ -141,6 +170,7 @@ class TokenizeCompletionRequest(OpenAIModel):
 class TokenizeChatRequest(OpenAIModel):
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ChatTool] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -211,9 +241,22 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: messages rendered with the tokenizer's chat template (or the
 server's ``--chat-template``), ``n`` samples, streamed as ``chat.completion.chunk`` events or
-answered in one body. Text content only; tool calling is refused with a 400."""
+answered in one body. Text content only; tools as described in ``tool_calls.py``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ from octavo.entrypoints.openai.protocol import (
     UsageInfo,
     random_id,
 )
+from octavo.entrypoints.openai.reasoning import ReasoningParser
 from octavo.entrypoints.openai.serving_engine import OpenAIServing, merge_streams
+from octavo.entrypoints.openai.tool_calls import ToolCallPlan, ToolServerConfig, template_messages
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -48,10 +50,18 @@ def load_chat_template(value: str | None) -> str | None:
 
 
 class OpenAIServingChat(OpenAIServing):
-    def __init__(self, engine: AsyncLLM, served_model_name: str | Sequence[str],
-                 chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        served_model_name: str | Sequence[str],
+        chat_template: str | None = None,
+        tool_config: ToolServerConfig | None = None,
+    ) -> None:
         super().__init__(engine, served_model_name)
         self.chat_template = chat_template
+        self.tool_config = tool_config or ToolServerConfig()
+        name = engine.config.structured_outputs_config.reasoning_parser
+        self.reasoning = ReasoningParser(name) if name else None
 
     def _conversation(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         conv = []
@@ -70,7 +80,7 @@ class OpenAIServingChat(OpenAIServing):
             d = {k: v for k, v in m.model_dump(exclude_none=True).items() if k != "content"}
             d["content"] = content if content is not None else ""
             conv.append(d)
-        return conv
+        return template_messages(conv)
 
     def render(
         self,
@@ -79,6 +89,7 @@ class OpenAIServingChat(OpenAIServing):
         continue_final_message: bool = False,
         add_special_tokens: bool = False,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Messages -> ``{"prompt": text, "prompt_token_ids": ids}``; template errors are 400s."""
         if add_generation_prompt and continue_final_message:
@@ -100,6 +111,7 @@ class OpenAIServingChat(OpenAIServing):
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
+                tools=tools,
                 **kwargs,
             )
         except OpenAIError:
@@ -112,25 +124,23 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        if req.tools and req.tool_choice != "none":
-            raise OpenAIError("tool calling is not supported", param="tools")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise OpenAIError("only response_format type 'text' is supported", param="response_format")
+        plan = ToolCallPlan(req, self.tool_config)
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
         prompt = self.render(
             req.messages, req.add_generation_prompt, req.continue_final_message, req.add_special_tokens,
-            req.chat_template_kwargs,
+            req.chat_template_kwargs, plan.template_tools,
         )
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
+        params.structured_outputs = plan.constraint(params.structured_outputs)
         request_id = req.request_id or random_id("chatcmpl")
         kind = OutputKind.DELTA if req.stream else OutputKind.FINAL_ONLY
         streams = await self.submit(request_id, [prompt], params, req, kind)
         created = int(time.time())
         if req.stream:
-            return SSEResponse(self._stream(req, request_id, created, streams))
+            return SSEResponse(self._stream(req, request_id, created, streams, plan))
         try:
             (out,) = await run_until_disconnect(raw, self.final_outputs(streams))
         except ClientDisconnected:
@@ -142,10 +152,14 @@ class OpenAIServingChat(OpenAIServing):
             lps = None
             if logprobs is not None and c.logprobs is not None:
                 lps = ChatLogprobs(content=self.chat_logprobs(c.token_ids, c.logprobs, logprobs))
+            reasoning, text = self.reasoning.extract(c.text) if self.reasoning else (None, c.text)
+            content, tool_calls, finish_reason = plan.message(text or "", c.finish_reason)
+            message = ChatResponseMessage(content=(content or None) if reasoning else content,
+                                          reasoning_content=reasoning, tool_calls=tool_calls)
             choices.append(
                 ChatChoice(
-                    index=c.index, message=ChatResponseMessage(content=c.text), logprobs=lps,
-                    finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                    index=c.index, message=message,
+                    logprobs=lps, finish_reason=finish_reason, stop_reason=c.stop_reason,
                 )
             )
         prompt_tokens = len(out.prompt_token_ids)
@@ -159,7 +173,8 @@ class OpenAIServingChat(OpenAIServing):
         return JSONResponse(resp.model_dump(mode="json"))
 
     async def _stream(
-        self, req: ChatCompletionRequest, request_id: str, created: int, streams: list[RequestStream]
+        self, req: ChatCompletionRequest, request_id: str, created: int, streams: list[RequestStream],
+        plan: ToolCallPlan,
     ) -> AsyncIterator[str]:
         n = req.n or 1
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -171,6 +186,8 @@ class OpenAIServingChat(OpenAIServing):
             return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
 
         done: set[int] = set()
+        tool_streams = [plan.streamer() for _ in range(n)]
+        reasoning_streams = [self.reasoning.streamer() if self.reasoning else None for _ in range(n)]
         prompt_tokens = completion_tokens = 0
         try:
             yield chunk([
@@ -187,14 +204,23 @@ class OpenAIServingChat(OpenAIServing):
                     if num is not None and c.logprobs:
                         content = self.chat_logprobs(c.token_ids, c.logprobs, num)
                         lps = {"content": [x.model_dump() for x in content]}
-                    if not c.text and lps is None and not c.finish_reason:
+                    ts, rs = tool_streams[c.index], reasoning_streams[c.index]
+                    final = bool(c.finish_reason)
+                    thought, text = rs.feed(c.text, final) if rs is not None else ("", c.text)
+                    text, calls = ts.feed(text, final)
+                    if not thought and not text and not calls and lps is None and not c.finish_reason:
                         continue
-                    delta = {"content": c.text} if c.text else {}
+                    delta: dict[str, Any] = {"content": text} if text else {}
+                    if thought:
+                        delta["reasoning_content"] = thought
+                    if calls:
+                        delta["tool_calls"] = calls
                     if c.finish_reason:
                         done.add(c.index)
                     yield chunk([{
                         "index": c.index, "delta": delta, "logprobs": lps,
-                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                        "finish_reason": plan.finish_reason(c.finish_reason, ts.num_calls > 0),
+                        "stop_reason": c.stop_reason,
                     }])
             if include_usage:
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

@@ -19,6 +19,7 @@ from octavo.entrypoints.openai.protocol import (
     SamplingFields,
     TopLogprob,
 )
+from octavo.entrypoints.openai.structured_outputs import structured_outputs_from_request
 from octavo.outputs import Logprob, RequestOutput
 from octavo.sampling_params import SamplingParams
 
@@ -108,6 +109,7 @@ class OpenAIServing:
             bad_words=req.bad_words,
             skip_special_tokens=req.skip_special_tokens,
             spaces_between_special_tokens=req.spaces_between_special_tokens,
+            structured_outputs=structured_outputs_from_request(req),
         )
         try:
             return SamplingParams(**kwargs)
