@@ -66,7 +66,7 @@ def engine_config(args: argparse.Namespace):
 
 
 def load_tokenizer(config) -> Any:
-    from octavo.engine.llm_engine import load_tokenizer as load
+    from octavo.engine.tokenizer import load_tokenizer as load
 
     return load(config.model_config.tokenizer)
 

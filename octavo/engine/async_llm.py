@@ -28,9 +28,9 @@ from octavo.config import OctavoConfig
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.core_client import EngineCoreClient, EngineDeadError, make_client
-from octavo.engine.llm_engine import load_tokenizer
 from octavo.engine.output_processor import OutputKind, OutputProcessor
 from octavo.engine.processor import Processor, PromptType
+from octavo.engine.tokenizer import load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 

@@ -147,7 +147,7 @@ def _make_structured_output_manager(config: OctavoConfig):
     mc = config.model_config
 
     def load_tokenizer():
-        from octavo.engine.llm_engine import load_tokenizer as load
+        from octavo.engine.tokenizer import load_tokenizer as load
 
         return load(mc.tokenizer)
 

@@ -11,21 +11,11 @@ from octavo.engine.arg_utils import EngineArgs
 from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputKind, OutputProcessor
 from octavo.engine.processor import Processor, PromptType
+from octavo.engine.tokenizer import load_tokenizer
 from octavo.outputs import RequestOutput
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-def load_tokenizer(path: str):
-    """The tokenizer of a folder, or the one in a GGUF file's metadata."""
-    import os
-
-    from transformers import AutoTokenizer
-
-    if path.endswith(".gguf"):
-        return AutoTokenizer.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
-    return AutoTokenizer.from_pretrained(path)
 
 
 class LLMEngine:

@@ -24,8 +24,8 @@ def _params(max_tokens: int = 12) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def manager():
-    from octavo.engine.llm_engine import load_tokenizer
     from octavo.engine.model_files import DEFAULT_MODEL_DIR
+    from octavo.engine.tokenizer import load_tokenizer
 
     m = StructuredOutputManager(lambda: load_tokenizer(str(DEFAULT_MODEL_DIR)), 4096, [0],
                                 reasoning_parser="deepseek_r1")
