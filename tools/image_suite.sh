@@ -19,16 +19,26 @@ site="$(cd / && python3 -c 'import octavo, os; print(os.path.dirname(octavo.__fi
 ln -s "$site" "$suite/octavo"
 echo "== tests against the installed package: $site"
 
-# The test and bench extras, without octavo's references to itself.
+# The test extra, with the extras it names through octavo[...] expanded (recursively).
 python3 - "$suite/pyproject.toml" > "$suite/.test-requirements.txt" <<'EOF'
+import re
 import sys
 import tomllib
 
 with open(sys.argv[1], "rb") as f:
     extras = tomllib.load(f)["project"]["optional-dependencies"]
-for req in extras["test"] + extras["bench"]:
-    if not req.replace(" ", "").startswith("octavo"):
-        print(req)
+todo, seen = ["test"], set()
+while todo:
+    extra = todo.pop()
+    if extra in seen:
+        continue
+    seen.add(extra)
+    for req in extras[extra]:
+        own = re.fullmatch(r"octavo\[([\w,\s-]+)\]", req.replace(" ", ""))
+        if own:
+            todo += own.group(1).split(",")
+        else:
+            print(req)
 EOF
 export PATH="$HOME/.local/bin:$PATH"
 pip install --user --no-cache-dir --quiet --constraint /etc/octavo-constraints.txt \
