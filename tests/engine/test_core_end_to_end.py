@@ -104,6 +104,12 @@ def test_parallel_sampling_shares_the_prompt_and_groups_outputs(llm, vocab):
     assert len({tuple(c.token_ids) for c in out[0].outputs}) > 1
 
 
+# fp32 through chunked paged attention vs transformers' one dense pass: summation order differs,
+# so |logprob| values near 20 differ by a few 1e-5 (relative ~1e-6); 3e-4 absolute leaves room for
+# thread-count-dependent reductions and still fails any real error (those are >= 1e-2).
+LOGPROB_TOL = 3e-4
+
+
 def test_logprobs_and_prompt_logprobs_match_transformers(llm_small, llama_dir, vocab):
     prompt = random_prompts(vocab, [70], seed=41)[0]  # 3 chunks of the 32-token budget
     params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=3, prompt_logprobs=2)
@@ -117,14 +123,14 @@ def test_logprobs_and_prompt_logprobs_match_transformers(llm_small, llama_dir, v
     for i in range(1, len(prompt)):
         row, tok = ref[i - 1], prompt[i]
         d = plp[i]
-        assert d[tok].logprob == pytest.approx(float(row[tok]), abs=1e-4)
+        assert d[tok].logprob == pytest.approx(float(row[tok]), abs=LOGPROB_TOL)
         assert d[tok].rank == int((row >= row[tok]).sum())
         top = row.topk(2).indices.tolist()
         assert set(top) <= set(d) and len(d) <= 3
     for j, (tok, d) in enumerate(zip(gen, out.outputs[0].logprobs, strict=True)):
         row = ref[len(prompt) - 1 + j]
         assert tok == int(row.argmax()) and d[tok].rank == 1
-        assert d[tok].logprob == pytest.approx(float(row[tok]), abs=1e-4)
+        assert d[tok].logprob == pytest.approx(float(row[tok]), abs=LOGPROB_TOL)
         assert list(d)[:1] == [tok] and len(d) == 3  # the sampled token is one of the top 3
     assert out.outputs[0].cumulative_logprob == pytest.approx(sum(d[t].logprob for t, d in zip(gen, out.outputs[0].logprobs, strict=True)))
 
