@@ -104,8 +104,9 @@ def _device_session(platform: str) -> None:
             session.install(
                 f"torch_xla[tpu]=={args['TORCH_XLA_VERSION']}", f"libtpu=={args['LIBTPU_VERSION']}"
             )
-        # The common tests plus the ones marked for this platform.
-        _pytest(session, f"{platform} or not ({DEVICE_MARKS})")
+        # The common tests plus the ones marked for this platform, one xdist worker per core
+        # (they share the device: each test's footprint is small).
+        _pytest(session, f"{platform} or not ({DEVICE_MARKS})", workers="auto")
 
     session_fn.__doc__ = f"Common tests plus those marked {platform!r}, with the [{spec['extra']}] extra."
     nox.session(name=f"test-{platform}")(session_fn)
