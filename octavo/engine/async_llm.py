@@ -27,7 +27,12 @@ from typing import Protocol
 from octavo.config import OctavoConfig
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.core_client import EngineCoreClient, EngineDeadError, make_client
+from octavo.engine.core_client import (
+    DEFAULT_ENGINE_TIMEOUT_S,
+    EngineCoreClient,
+    EngineDeadError,
+    make_client,
+)
 from octavo.engine.llm_engine import load_tokenizer
 from octavo.engine.output_processor import OutputKind, OutputProcessor
 from octavo.engine.processor import Processor, PromptType
@@ -121,15 +126,18 @@ class AsyncLLM:
         inproc: bool | None = None,
         stat_logger: StatLogger | None = None,
         config: OctavoConfig | None = None,
+        engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
     ) -> AsyncLLM:
         """Start the engine core (a process unless ``inproc``) and wait until it is ready.
 
-        ``config`` is ``engine_args.create_engine_config()`` when the caller already built it.
+        ``config`` is ``engine_args.create_engine_config()`` when the caller already built it;
+        ``engine_timeout_s`` is how long the engine may go without a heartbeat, or spend in one
+        step, before it is declared dead.
         """
         if config is None:
             config = engine_args.create_engine_config()
         tokenizer = load_tokenizer(config.model_config.tokenizer)
-        client = make_client(config, engine_args, inproc)
+        client = make_client(config, engine_args, inproc, engine_timeout_s)
         await client.start()
         engine = cls(config, client, tokenizer, stat_logger)
         engine.processor.kv_cache_tokens = client.engine_info.get("kv_cache_tokens")
@@ -144,6 +152,11 @@ class AsyncLLM:
     @property
     def dead_reason(self) -> str | None:
         return self.client.dead_reason
+
+    async def wait_dead(self) -> str:
+        """Return (the reason) once the engine has died or hung."""
+        await self.client.dead_event.wait()
+        return self.client.dead_reason or "engine dead"
 
     def check_health(self) -> None:
         if self.client.is_dead:

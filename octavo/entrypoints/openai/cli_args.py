@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+DEFAULT_ENGINE_TIMEOUT_S = 60.0  # same as octavo.engine.core_client (not imported: keeps --help fast)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,12 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="largest accepted request body; larger ones get 413")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds to let requests in flight finish after SIGTERM/SIGINT")
+    parser.add_argument("--engine-timeout", type=float, default=DEFAULT_ENGINE_TIMEOUT_S,
+                        help="seconds the engine may go without a heartbeat, or spend in one step, before it "
+                             "is declared dead: /health and engine routes answer 503, requests in flight fail")
+    parser.add_argument("--keep-alive-on-engine-death", action="store_true",
+                        help="keep answering 503 after the engine died instead of exiting with code 1 "
+                             "after a short grace period (the default lets a restart policy restart the server)")
     parser.add_argument("--uvicorn-log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's own log level (default: %(default)s)")

@@ -4,7 +4,7 @@
 ``OpenAIError`` is raised by the serving code; the handlers installed by
 ``install_error_handlers`` turn it, request validation errors (422 in FastAPI, 400 here),
 Starlette's HTTP errors (404 unknown route, 405, ...), ``ValueError`` from the input processor
-(400), ``EngineDeadError`` (500, code ``engine_dead``) and anything unexpected (500) into that
+(400), ``EngineDeadError`` (503, code ``engine_dead``) and anything unexpected (500) into that
 shape. Errors never reach the engine loop.
 """
 
@@ -64,9 +64,10 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def engine_dead_error(e: BaseException | None = None) -> OpenAIError:
+def engine_dead_error(e: BaseException | str | None = None) -> OpenAIError:
+    """503: the engine died or hung; nothing that needs it can be served (vLLM's status)."""
     detail = f": {e}" if e is not None and str(e) else ""
-    return OpenAIError(f"the engine is dead{detail}", 500, code="engine_dead")
+    return OpenAIError(f"the engine is dead{detail}", 503, code="engine_dead")
 
 
 def param_from_message(msg: str) -> str | None:
@@ -117,7 +118,9 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     unsupported = _unsupported_fields(errors)
     if unsupported is not None:
         return unsupported
-    e = errors[0]
+    # A union field (prompt: str | list[...]) reports one error per member; the member whose
+    # type matched says what is wrong (too long, lone surrogate, ...), the others only "not a str".
+    e = next((x for x in errors if not str(x.get("type", "")).endswith(("_type", "missing"))), errors[0])
     loc = [str(p) for p in e.get("loc", ()) if p != "body"]
     if e.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None

@@ -1,5 +1,6 @@
-"""HTTP plumbing: API-key and body-size middlewares, an SSE response that notices client
-disconnects, and a helper that cancels a non-streaming handler when its client goes away.
+"""HTTP plumbing: API-key and body-size middlewares, a route class that parses JSON bodies
+with pydantic's fast parser, an SSE response that notices client disconnects, and a helper
+that cancels a non-streaming handler when its client goes away.
 
 The middlewares are plain ASGI (no ``BaseHTTPMiddleware``) so that ``receive`` still reports
 ``http.disconnect`` to the handlers after the body was read.
@@ -10,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import anyio
+import pydantic_core
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -113,6 +116,41 @@ class BodySizeLimitMiddleware:
             return await receive()
 
         return await self.app(scope, replay, send)
+
+
+class FastJSONRequest(Request):
+    """``json()`` through pydantic-core's parser (3-5x faster than ``json.loads`` on a
+    10 MB body, which is parsed on the event loop). A body it refuses is parsed again by
+    ``json.loads``, whose error (or result: it keeps lone surrogates as text, which the
+    request models then refuse by name) is what the client sees."""
+
+    async def body(self) -> bytes:
+        # Starlette joins [body, b""]: a copy of a body that arrived in one message.
+        if not hasattr(self, "_body"):
+            chunks = [c async for c in self.stream() if c]
+            self._body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return self._body
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = pydantic_core.from_json(body, cache_strings="keys")
+            except ValueError:
+                self._json = json.loads(body)
+        return self._json
+
+
+class FastJSONRoute(APIRoute):
+    """An ``APIRoute`` whose handlers get a ``FastJSONRequest``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Any]]:
+        handler = super().get_route_handler()
+
+        async def fast_handler(request: Request) -> Any:
+            return await handler(FastJSONRequest(request.scope, request.receive))
+
+        return fast_handler
 
 
 class SSEResponse(StreamingResponse):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import threading
@@ -342,7 +341,13 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text"),
     ("/v1/completions", {"prompt": ""}, 400, "empty"),
-    ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/completions", {"prompt": []}, 400, "at least 1"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2.0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 129}, 400, "at most 128"),
+    ("/v1/completions", {"prompt": "x", "stop": "s" * 4097}, 400, "at most 4096"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "at most 1024"),
     ("/v1/completions", {"prompt": [10, 999999]}, 400, "999999"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, str(MAX_MODEL_LEN)),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 100000},
@@ -519,44 +524,7 @@ def test_api_key_required_on_v1_only(server):
         assert httpx.get(server.url + path).status_code == 200
 
 
-# -- engine death, then SIGTERM (keep last: they end the module's server) -----------------------
-def test_engine_killed_during_requests(server, client):
-    wait_idle(server)
-    result: dict = {}
-
-    def blocking_request():
-        try:
-            client.completions.create(model=MODEL, prompt="never finishes", max_tokens=240, n=4,
-                                      extra_body={"ignore_eos": True})
-        except Exception as e:
-            result["error"] = e
-
-    t = threading.Thread(target=blocking_request)
-    stream = client.completions.create(model=MODEL, prompt="stream", max_tokens=240, stream=True,
-                                       extra_body={"ignore_eos": True})
-    it = iter(stream)
-    next(it)  # the stream is running
-    t.start()
-    time.sleep(0.1)  # 4 x 240 tokens plus the stream: far longer than this, however fast
-    os.kill(server.engine_pid, signal.SIGKILL)
-    with pytest.raises(openai.APIError) as e:
-        for _ in it:
-            pass
-    assert "engine" in str(e.value.message)
-    t.join(30)
-    assert not t.is_alive(), "the non-streaming client hangs"
-    err = result["error"]
-    assert isinstance(err, openai.InternalServerError)
-    assert err.body["code"] == "engine_dead"
-    health = httpx.get(server.url + "/health")
-    assert health.status_code == 503
-    assert health.json()["error"]["code"] == "engine_dead"
-    with pytest.raises(openai.InternalServerError):
-        client.completions.create(model=MODEL, prompt="x", max_tokens=2)
-    # utilities that need no engine keep answering
-    assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}).status_code == 200
-
-
+# -- SIGTERM (keep last: it ends the module's server; engine death: test_server_engine_death.py) --
 def test_sigterm_exits_zero(server):
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
