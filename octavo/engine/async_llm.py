@@ -34,6 +34,7 @@ from octavo.engine.core_client import (
     make_client,
 )
 from octavo.engine.llm_engine import load_tokenizer
+from octavo.engine.output_buffer import ClientStalledError, OutputBuffer
 from octavo.engine.output_processor import OutputKind, OutputProcessor
 from octavo.engine.processor import Processor, PromptType
 from octavo.outputs import RequestOutput
@@ -41,7 +42,10 @@ from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncLLM", "EngineDeadError", "RequestStream", "ShuttingDownError", "StatLogger"]
+__all__ = ["AsyncLLM", "ClientStalledError", "EngineDeadError", "RequestStream", "ShuttingDownError", "StatLogger"]
+
+DEFAULT_MAX_UNSENT_TOKENS = 4096
+DEFAULT_STALLED_STREAM_TIMEOUT_S = 30.0
 
 
 class ShuttingDownError(RuntimeError):
@@ -60,8 +64,8 @@ class StatLogger(Protocol):
 class _Tracked:
     __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last")
 
-    def __init__(self, num_prompt_tokens: int, child_ids: list[str]) -> None:
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+    def __init__(self, num_prompt_tokens: int, child_ids: list[str], queue: OutputBuffer) -> None:
+        self.queue = queue
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
         self.num_prompt_tokens = num_prompt_tokens
@@ -71,7 +75,7 @@ class _Tracked:
 class RequestStream:
     """Async iterator over one request's outputs; leaving it early aborts the request."""
 
-    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: OutputBuffer) -> None:
         self.engine = engine
         self.request_id = request_id
         self._queue = queue
@@ -83,10 +87,11 @@ class RequestStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self._queue.get()
-                if isinstance(item, BaseException):
+                try:
+                    item = await self._queue.get()
+                except BaseException:
                     self.finished = True
-                    raise item
+                    raise
                 if item.finished:
                     self.finished = True
                 yield item
@@ -107,7 +112,19 @@ class AsyncLLM:
         client: EngineCoreClient,
         tokenizer,
         stat_logger: StatLogger | None = None,
+        max_unsent_tokens: int = DEFAULT_MAX_UNSENT_TOKENS,
+        stalled_stream_timeout_s: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
     ) -> None:
+        """``max_unsent_tokens``/``stalled_stream_timeout_s``: backpressure. A request whose
+        consumer leaves more than ``max_unsent_tokens`` generated tokens untaken for longer than
+        ``stalled_stream_timeout_s`` is aborted (its stream raises ``ClientStalledError``);
+        until then its outputs wait merged in one ``OutputBuffer``."""
+        if max_unsent_tokens < 1:
+            raise ValueError(f"max_unsent_tokens must be >= 1; got {max_unsent_tokens}")
+        if not stalled_stream_timeout_s > 0:
+            raise ValueError(f"stalled_stream_timeout_s must be > 0; got {stalled_stream_timeout_s}")
+        self.max_unsent_tokens = max_unsent_tokens
+        self.stalled_stream_timeout_s = stalled_stream_timeout_s
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = tokenizer
@@ -127,19 +144,25 @@ class AsyncLLM:
         stat_logger: StatLogger | None = None,
         config: OctavoConfig | None = None,
         engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
+        **backpressure: float,
     ) -> AsyncLLM:
         """Start the engine core (a process unless ``inproc``) and wait until it is ready.
 
         ``config`` is ``engine_args.create_engine_config()`` when the caller already built it;
         ``engine_timeout_s`` is how long the engine may go without a heartbeat, or spend in one
-        step, before it is declared dead.
+        step, before it is declared dead; ``backpressure``: ``max_unsent_tokens`` and
+        ``stalled_stream_timeout_s`` (see ``__init__``).
         """
         if config is None:
             config = engine_args.create_engine_config()
         tokenizer = load_tokenizer(config.model_config.tokenizer)
         client = make_client(config, engine_args, inproc, engine_timeout_s)
         await client.start()
-        engine = cls(config, client, tokenizer, stat_logger)
+        try:
+            engine = cls(config, client, tokenizer, stat_logger, **backpressure)
+        except BaseException:
+            await client.shutdown(timeout_s=1.0)
+            raise
         engine.processor.kv_cache_tokens = client.engine_info.get("kv_cache_tokens")
         engine._output_task = asyncio.create_task(engine._output_loop(), name="octavo-output-handler")
         return engine
@@ -184,7 +207,7 @@ class AsyncLLM:
             request_id, prompt, params, None, priority, cache_salt
         )
         self.output_processor.add_request(request_id, text, ids, reqs, output_kind)
-        tracked = _Tracked(len(ids), [r.request_id for r in reqs])
+        tracked = _Tracked(len(ids), [r.request_id for r in reqs], OutputBuffer(output_kind, self.max_unsent_tokens))
         self.requests[request_id] = tracked
         try:
             self.client.add_requests(reqs)
@@ -216,7 +239,7 @@ class AsyncLLM:
         tracked = self.requests.get(request_id)
         self.abort(request_id)
         if tracked is not None:
-            tracked.queue.put_nowait(exc)
+            tracked.queue.put_error(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self.requests):
@@ -274,7 +297,17 @@ class AsyncLLM:
                 tracked = self.requests.get(ro.request_id)
                 if tracked is None:
                     continue
-                tracked.queue.put_nowait(ro)
+                tracked.queue.put(ro)
+                stalled = tracked.queue.stalled_since
+                if stalled is not None and now - stalled > self.stalled_stream_timeout_s and not ro.finished:
+                    logger.warning("request %s: its client took no output for %.0fs with %d tokens unsent; "
+                                   "aborting it", ro.request_id, now - stalled, tracked.queue.unsent_tokens)
+                    self._fail(ro.request_id, ClientStalledError(
+                        f"the client did not read its stream: more than {self.max_unsent_tokens} tokens were "
+                        f"unsent for {self.stalled_stream_timeout_s:g}s, so the request was aborted"))
+                    if sl is not None:
+                        sl.record_finished("abort", now - tracked.arrival)
+                    continue
                 if ro.finished:
                     del self.requests[ro.request_id]
                     if sl is not None:

@@ -75,6 +75,7 @@ def build_app(
     chat_template: str | None = None,
     metrics: ServerMetrics | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    body_read_timeout_s: float = 30.0,
 ) -> FastAPI:
     name = served_model_name or engine.model_config.served_model_name
     names = [name] if isinstance(name, str) else list(name)
@@ -149,7 +150,7 @@ def build_app(
     async def version() -> VersionResponse:
         return VersionResponse(version=__version__)
 
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes, timeout_s=body_read_timeout_s)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     return app
@@ -186,6 +187,12 @@ async def run_server(args: argparse.Namespace) -> int:
     chat_template = load_chat_template(args.chat_template)
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1; got {args.max_request_bytes}")
+    if args.max_unsent_tokens < 1:
+        raise ValueError(f"--max-unsent-tokens must be >= 1; got {args.max_unsent_tokens}")
+    if not args.stalled_stream_timeout > 0:
+        raise ValueError(f"--stalled-stream-timeout must be > 0 seconds; got {args.stalled_stream_timeout}")
+    if not args.body_read_timeout > 0:
+        raise ValueError(f"--body-read-timeout must be > 0 seconds; got {args.body_read_timeout}")
     if not args.engine_timeout > 0:
         raise ValueError(f"--engine-timeout must be > 0 seconds; got {args.engine_timeout}")
     if not 0 <= args.port <= 65535:
@@ -194,12 +201,14 @@ async def run_server(args: argparse.Namespace) -> int:
     served = config.model_config.served_model_name
     metrics = ServerMetrics(served)
     engine = await AsyncLLM.from_engine_args(
-        engine_args, stat_logger=metrics, config=config, engine_timeout_s=args.engine_timeout
+        engine_args, stat_logger=metrics, config=config, engine_timeout_s=args.engine_timeout,
+        max_unsent_tokens=args.max_unsent_tokens, stalled_stream_timeout_s=args.stalled_stream_timeout,
     )
     try:
         app = build_app(
-            engine, engine_args.served_model_names() or served, api_key=args.api_key or envs.OCTAVO_API_KEY, chat_template=chat_template,
-            metrics=metrics, max_request_bytes=args.max_request_bytes,
+            engine, engine_args.served_model_names() or served, api_key=args.api_key or envs.OCTAVO_API_KEY,
+            chat_template=chat_template, metrics=metrics, max_request_bytes=args.max_request_bytes,
+            body_read_timeout_s=args.body_read_timeout,
         )
         uv_config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,

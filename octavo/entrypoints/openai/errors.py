@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from octavo.engine.async_llm import ShuttingDownError
+from octavo.engine.async_llm import ClientStalledError, ShuttingDownError
 from octavo.engine.core_client import EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -87,6 +88,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_dead_error(exc)
+    if isinstance(exc, ClientStalledError):
+        return OpenAIError(str(exc), 408, code="client_stalled")
     if isinstance(exc, ShuttingDownError):
         return OpenAIError(str(exc), 503, code="server_shutting_down")
     if isinstance(exc, ValueError):

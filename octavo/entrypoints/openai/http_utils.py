@@ -43,11 +43,16 @@ async def _send_error(send: Send, err: OpenAIError, headers: list[tuple[bytes, b
 
 
 class APIKeyMiddleware:
-    """``Authorization: Bearer KEY`` on every ``/v1`` route, compared in constant time."""
+    """``Authorization: Bearer KEY`` on every ``/v1`` route; the scheme is case-insensitive
+    (RFC 9110), the key is compared in constant time."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
+
+    def _authorized(self, header: bytes) -> bool:
+        scheme, _, token = header.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") == "OPTIONS":
@@ -60,7 +65,7 @@ class APIKeyMiddleware:
             if k == b"authorization":
                 given = v
                 break
-        if not hmac.compare_digest(given, self.expected):
+        if not self._authorized(given):
             err = OpenAIError("invalid or missing API key (send 'Authorization: Bearer <key>')", 401,
                               code="invalid_api_key")
             return await _send_error(send, err, [(b"www-authenticate", b"Bearer")])
@@ -68,11 +73,14 @@ class APIKeyMiddleware:
 
 
 class BodySizeLimitMiddleware:
-    """Refuse request bodies over ``max_bytes`` with 413, whether or not Content-Length says so."""
+    """Refuse request bodies over ``max_bytes`` with 413, whether or not Content-Length says so,
+    and bodies that stop arriving (no byte for ``timeout_s``, e.g. shorter than their
+    Content-Length) with 408; both close the connection."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     def _too_large(self) -> OpenAIError:
         return OpenAIError(
@@ -92,11 +100,19 @@ class BodySizeLimitMiddleware:
                 if declared > self.max_bytes:
                     return await _send_error(send, self._too_large(), [(b"connection", b"close")])
                 break
-        # Read the body here (bounded), then replay it; later receive() calls pass through.
+        # Read the body here (bounded in size and time), then replay it; later receive() calls
+        # pass through.
         chunks: list[bytes] = []
         size = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except asyncio.TimeoutError:
+                err = OpenAIError(
+                    f"the request body stopped arriving: no data for {self.timeout_s:g}s after {size} bytes "
+                    "(is Content-Length larger than the body?)", 408, code="request_timeout",
+                )
+                return await _send_error(send, err, [(b"connection", b"close")])
             if message["type"] != "http.request":
                 return  # the client went away before sending the body
             chunk = message.get("body", b"")
@@ -112,7 +128,8 @@ class BodySizeLimitMiddleware:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                return {"type": "http.request", "body": chunks[0] if len(chunks) == 1 else b"".join(chunks),
+                        "more_body": False}
             return await receive()
 
         return await self.app(scope, replay, send)

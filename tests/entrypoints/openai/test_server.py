@@ -516,6 +516,9 @@ def test_api_key_required_on_v1_only(server):
         assert err["code"] == "invalid_api_key"
         assert_openai_error(httpx.get(server.url + "/v1/models", headers=headers), 401)
     assert httpx.post(server.url + "/v1/completions", json=body, headers=AUTH).status_code == 200
+    for scheme in ("bearer", "BEARER", "BeArEr"):  # auth schemes are case-insensitive
+        headers = {"Authorization": f"{scheme} {API_KEY}"}
+        assert httpx.post(server.url + "/v1/completions", json=body, headers=headers).status_code == 200
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
