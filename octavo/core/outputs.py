@@ -16,6 +16,8 @@ class EngineCoreOutput:
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    # Monotonic time the scheduler first admitted the request (set on its first output only).
+    scheduled_time: float | None = None
 
     @property
     def finished(self) -> bool:

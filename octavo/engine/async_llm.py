@@ -56,13 +56,23 @@ class StatLogger(Protocol):
     """What ``AsyncLLM`` reports (``octavo.metrics.ServerMetrics`` implements it)."""
 
     def record_scheduler_stats(self, stats: SchedulerStats) -> None: ...
-    def record_first_token(self, ttft_s: float, num_prompt_tokens: int) -> None: ...
+    def record_first_token(
+        self, ttft_s: float, num_prompt_tokens: int, queue_s: float | None = None, prefill_s: float | None = None
+    ) -> None: ...
     def record_tokens(self, num_tokens: int, inter_token_s: float | None) -> None: ...
-    def record_finished(self, finish_reason: str | None, e2e_s: float) -> None: ...
+    def record_finished(
+        self,
+        finish_reason: str | None,
+        e2e_s: float,
+        decode_s: float | None = None,
+        inference_s: float | None = None,
+        num_generation_tokens: int | None = None,
+    ) -> None: ...
 
 
 class _Tracked:
-    __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last")
+    __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last", "scheduled",
+                 "num_generated")
 
     def __init__(self, num_prompt_tokens: int, child_ids: list[str], queue: OutputBuffer) -> None:
         self.queue = queue
@@ -70,6 +80,17 @@ class _Tracked:
         self.first_token_time: float | None = None
         self.num_prompt_tokens = num_prompt_tokens
         self.child_last: dict[str, float | None] = dict.fromkeys(child_ids)
+        self.scheduled: float | None = None  # when the engine first scheduled it
+        self.num_generated = 0
+
+    def finished_times(self, now: float) -> dict[str, float | None]:
+        """Decode and inference time (vLLM's definitions) for ``record_finished``."""
+        first, sched = self.first_token_time, self.scheduled
+        return {
+            "decode_s": None if first is None else now - first,
+            "inference_s": None if sched is None else now - sched,
+            "num_generation_tokens": self.num_generated,
+        }
 
 
 class RequestStream:
@@ -278,11 +299,19 @@ class AsyncLLM:
             if o.error is not None:
                 self._fail(parent, ValueError(o.error))
                 continue
+            if o.scheduled_time is not None and tracked.scheduled is None:
+                tracked.scheduled = o.scheduled_time
             if o.new_token_ids:
+                tracked.num_generated += len(o.new_token_ids)
                 if tracked.first_token_time is None:
                     tracked.first_token_time = now
                     if sl is not None:
-                        sl.record_first_token(now - tracked.arrival, tracked.num_prompt_tokens)
+                        sched = tracked.scheduled
+                        sl.record_first_token(
+                            now - tracked.arrival, tracked.num_prompt_tokens,
+                            queue_s=None if sched is None else sched - tracked.arrival,
+                            prefill_s=None if sched is None else now - sched,
+                        )
                 last = tracked.child_last.get(o.request_id)
                 tracked.child_last[o.request_id] = now
                 if sl is not None:
@@ -306,13 +335,13 @@ class AsyncLLM:
                         f"the client did not read its stream: more than {self.max_unsent_tokens} tokens were "
                         f"unsent for {self.stalled_stream_timeout_s:g}s, so the request was aborted"))
                     if sl is not None:
-                        sl.record_finished("abort", now - tracked.arrival)
+                        sl.record_finished("abort", now - tracked.arrival, **tracked.finished_times(now))
                     continue
                 if ro.finished:
                     del self.requests[ro.request_id]
                     if sl is not None:
                         reason = ro.outputs[0].finish_reason if ro.outputs else None
-                        sl.record_finished(reason, now - tracked.arrival)
+                        sl.record_finished(reason, now - tracked.arrival, **tracked.finished_times(now))
         if stats is not None:
             self.last_stats = stats
             if sl is not None:
