@@ -1,4 +1,4 @@
-"""nox sessions: lint, test-<platform>, docker-lint, images, bench-cpu.
+"""nox sessions: lint, test-<platform>, api-contract, docker-lint, images, bench-cpu.
 
 One ``test-<platform>`` session per platform, registered in a loop. CPU torch is pinned and
 installed *before* the package so pip never resolves a multi-GB CUDA build of torch. Inside the
@@ -83,7 +83,15 @@ def lint(session: nox.Session) -> None:
 def test_cpu(session: nox.Session) -> None:
     """Every test not marked for an accelerator, on the CPU build of torch (CI runs this)."""
     _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
-    _pytest(session, f"not ({DEVICE_MARKS})")
+    _pytest(session, f"not ({DEVICE_MARKS}) and not contract")
+
+
+@nox.session(name="api-contract")
+def api_contract(session: nox.Session) -> None:
+    """schemathesis --checks all (>= 40 examples per operation) against a real `octavo serve`:
+    the published OpenAPI schema matches what the server enforces (minutes long)."""
+    _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
+    _pytest(session, "contract")
 
 
 def _device_session(platform: str) -> None:

@@ -40,6 +40,7 @@ from octavo.entrypoints.openai.http_utils import (
     BodySizeLimitMiddleware,
     FastJSONRoute,
 )
+from octavo.entrypoints.openai.openapi import served_openapi
 from octavo.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -93,6 +94,8 @@ def build_app(
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.pool = pool
+    mc = engine.model_config
+    served_openapi(app, mc.vocab_size, mc.max_model_len, completions.max_prompt_chars)
 
     @app.post("/v1/completions", tags=["OpenAI"])
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:

@@ -20,7 +20,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 MAX_N = 128  # samples per prompt
 MAX_LOGPROBS = 20  # top logprobs per position (OpenAI allows 20 for chat, vLLM's default cap)
@@ -36,9 +44,21 @@ MAX_TOKEN_ID_LIST = 1 << 16  # stop_token_ids / allowed_token_ids entries
 MAX_MESSAGES = 4096  # chat messages per request
 MAX_ID_CHARS = 256  # request_id, user, cache_salt, model
 
-Seed = Annotated[int, Field(ge=INT64_MIN, le=SEED_MAX)]
-Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's ``integer``: ``2`` and ``2.0`` are integers, ``true`` and ``"2"`` are not."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be an integer")
+    return value
+
+
+# Request models are strict (no "true" for a bool, no "1.5" for a float); integers accept
+# integral floats as JSON Schema does. ``x-octavo`` marks what the served model bounds
+# (``openapi.py`` writes the served model's limits into the published schema).
+Int = Annotated[int, Field(strict=False), BeforeValidator(_json_integer)]
+Seed = Annotated[Int, Field(ge=INT64_MIN, le=SEED_MAX)]
+Int32 = Annotated[Int, Field(ge=-(2**31), le=2**31 - 1)]
+TokenId = Annotated[Int, Field(ge=0, le=2**31 - 1, json_schema_extra={"x-octavo": "token_id"})]
+MaxTokens = Annotated[Int, Field(ge=1, json_schema_extra={"x-octavo": "max_tokens"})]
 
 
 def check_text(value: str) -> str:
@@ -70,8 +90,10 @@ def check_json_text(value: Any) -> Any:
 
 
 Text = Annotated[str, AfterValidator(check_text)]
+PromptText = Annotated[str, Field(min_length=1, json_schema_extra={"x-octavo": "prompt_text"}),
+                       AfterValidator(check_text)]
 ShortText = Annotated[str, Field(max_length=MAX_ID_CHARS), AfterValidator(check_text)]
-Word = Annotated[str, Field(max_length=MAX_WORD_CHARS), AfterValidator(check_text)]
+Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS), AfterValidator(check_text)]
 JsonDict = Annotated[dict[str, Any], AfterValidator(check_json_text)]
 
 
@@ -106,10 +128,14 @@ class SamplingFields(OpenAIModel):
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: (
-        Annotated[dict[Text, Annotated[float, Field(ge=-100.0, le=100.0)]], Field(max_length=MAX_LOGIT_BIAS)]
+        Annotated[
+            dict[Annotated[Text, Field(json_schema_extra={"x-octavo": "token_id_key"})],
+                 Annotated[float, Field(ge=-100.0, le=100.0)]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
         | None
     ) = None
-    n: int | None = Field(default=1, ge=1, le=MAX_N)
+    n: Int | None = Field(default=1, ge=1, le=MAX_N)
     seed: Seed | None = None
     stop: Word | Annotated[list[Word], Field(max_length=MAX_STOP)] | None = None
     stream: bool | None = False
@@ -125,15 +151,15 @@ class SamplingFields(OpenAIModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0, le=2**31 - 1)
+    min_tokens: Int = Field(default=0, ge=0, le=2**31 - 1)
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_TOKEN_ID_LIST)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     bad_words: Annotated[list[Word], Field(max_length=MAX_BAD_WORDS)] | None = None
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_ID_LIST)] | None = None
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    prompt_logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
     cache_salt: Annotated[ShortText, Field(min_length=1)] | None = None
     request_id: ShortText | None = None
 
@@ -144,24 +170,31 @@ class SamplingFields(OpenAIModel):
 
 class CompletionRequest(SamplingFields):
     prompt: (
-        Text
-        | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)]
+        PromptText
+        | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)]
         | Annotated[list[TokenId], Field(min_length=1)]
         | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
     )
-    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    best_of: Int | None = Field(default=None, ge=1, le=MAX_N)
     echo: bool | None = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(default=16, ge=1)
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: MaxTokens | None = 16
     suffix: Text | None = None
     add_special_tokens: bool = True
+
+
+class TextPart(OpenAIModel):
+    """A content part of a chat message: text only."""
+
+    type: Literal["text"]
+    text: Text
 
 
 class ChatMessage(OpenAIModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Text | list[JsonDict] | None = None
+    content: Text | list[TextPart] | None = None
     name: ShortText | None = None
 
     @model_validator(mode="after")
@@ -173,9 +206,9 @@ class ChatMessage(OpenAIModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     tools: list[JsonDict] | None = None
     tool_choice: Text | JsonDict | None = None
     response_format: JsonDict | None = None
@@ -191,7 +224,7 @@ class ChatCompletionRequest(SamplingFields):
 
 class TokenizeCompletionRequest(OpenAIModel):
     model: ShortText | None = None
-    prompt: Text
+    prompt: PromptText
     add_special_tokens: bool = True
 
 

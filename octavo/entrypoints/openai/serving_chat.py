@@ -60,18 +60,10 @@ class OpenAIServingChat(OpenAIServing):
     def _conversation(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         conv = []
         n_chars = 0
-        for i, m in enumerate(messages):
+        for m in messages:
             content = m.content
             if isinstance(content, list):
-                parts = []
-                for part in content:
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise OpenAIError(
-                            f"messages[{i}].content: only text parts are supported, got type "
-                            f"{part.get('type')!r}", param=f"messages.{i}.content",
-                        )
-                    parts.append(part["text"])
-                content = "\n".join(parts)
+                content = "\n".join(part.text for part in content)
             n_chars += len(content or "")
             d = {k: v for k, v in m.model_dump(exclude_none=True).items() if k != "content"}
             d["content"] = content if content is not None else ""
