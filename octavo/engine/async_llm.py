@@ -110,8 +110,10 @@ class RequestStream:
             while not self.finished:
                 try:
                     item = await self._queue.get()
+                except asyncio.CancelledError:
+                    raise  # the consumer went away: the finally below aborts the request
                 except BaseException:
-                    self.finished = True
+                    self.finished = True  # the engine side failed it (and already forgot it)
                     raise
                 if item.finished:
                     self.finished = True

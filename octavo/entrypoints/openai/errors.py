@@ -132,6 +132,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     # Union members (prompt: str | list[...]) make pydantic report one error per member.
     param = ".".join(p for p in loc if not (p in ("str", "int") or "[" in p or p[:1].isupper())) or None
     msg = e.get("msg", "invalid value")
+    if e.get("type") == "string_unicode":  # pydantic's own refusal of a lone surrogate
+        msg = "contains a lone surrogate (or other text that is not valid Unicode); text must be valid Unicode"
     extra = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + extra, param
 

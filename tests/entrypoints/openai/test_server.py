@@ -340,7 +340,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text"),
-    ("/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("/v1/completions", {"prompt": ""}, 400, "at least 1 character"),
     ("/v1/completions", {"prompt": []}, 400, "at least 1"),
     ("/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 2.0}, 400, "max_tokens"),
