@@ -115,16 +115,34 @@ def _unsupported_fields(errors: list[dict[str, Any]]) -> tuple[str, str] | None:
     return f"unsupported request {noun} {listed}: octavo does not implement {'it' if len(names) == 1 else 'them'}", names[0]
 
 
+def _closest_member(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A body that is a union of models (``/tokenize``) fails every member; the member whose
+    fields the body has is the one the client meant (a prompt with a lone surrogate is a bad
+    completion-style body, not a chat body with an unknown field ``prompt``)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        groups.setdefault(loc[0] if loc and loc[0][:1].isupper() else "", []).append(e)
+    if len(groups) < 2 or "" in groups:
+        return errors
+    # the member whose fields the body has (fewest missing / unknown fields), then fewest errors
+    def shape_errors(group: list[dict[str, Any]]) -> tuple[int, int]:
+        return sum(e.get("type") in ("missing", "extra_forbidden") for e in group), len(group)
+
+    return min(groups.values(), key=shape_errors)
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
+    errors = _closest_member(errors)
     unsupported = _unsupported_fields(errors)
     if unsupported is not None:
         return unsupported
     # A union field (prompt: str | list[...]) reports one error per member; the member whose
     # type matched says what is wrong (too long, lone surrogate, ...), the others only "not a str".
     e = next((x for x in errors if not str(x.get("type", "")).endswith(("_type", "missing"))), errors[0])
-    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    loc = [str(p) for p in e.get("loc", ()) if p != "body" and not str(p)[:1].isupper()]  # no model names
     if e.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
     if e.get("type") == "model_attributes_type" or (not loc and e.get("type") in ("dict_type", "model_type")):

@@ -343,7 +343,8 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": ""}, 400, "at least 1 character"),
     ("/v1/completions", {"prompt": []}, 400, "at least 1"),
     ("/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 2.0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2.5}, 400, "max_tokens"),  # 2.0 is an integer
+    ("/v1/completions", {"prompt": "x", "max_tokens": "2"}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "x", "stop": ["s"] * 129}, 400, "at most 128"),
     ("/v1/completions", {"prompt": "x", "stop": "s" * 4097}, 400, "at most 4096"),
