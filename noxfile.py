@@ -1,4 +1,4 @@
-"""nox sessions: lint, test-<platform>, docker-lint, images, image-smoke, bench-cpu.
+"""nox sessions: lint, test-<platform>, api-contract, docker-lint, images, image-smoke, bench-cpu.
 
 One ``test-<platform>`` session per platform, registered in a loop. CPU torch is pinned and
 installed *before* the package so pip never resolves a multi-GB CUDA build of torch. Inside the
@@ -87,7 +87,15 @@ def test_cpu(session: nox.Session) -> None:
     """Every test not marked for an accelerator, on the CPU build of torch (CI runs this),
     spread over one pytest-xdist worker per core."""
     _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
-    _pytest(session, f"not ({DEVICE_MARKS})", workers="auto")
+    _pytest(session, f"not ({DEVICE_MARKS}) and not contract", workers="auto")
+
+
+@nox.session(name="api-contract")
+def api_contract(session: nox.Session) -> None:
+    """schemathesis --checks all (>= 40 examples per operation) against a real `octavo serve`:
+    the published OpenAPI schema matches what the server enforces (minutes long)."""
+    _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
+    _pytest(session, "contract")
 
 
 def _device_session(platform: str) -> None:

@@ -1,12 +1,19 @@
-"""Prometheus metrics of the server (prometheus-client), vLLM-style names under ``octavo:``.
+"""Prometheus metrics of the server (prometheus-client), under vLLM's names (``vllm:...``,
+so that a vLLM Grafana dashboard works unchanged; labels ``model_name`` and ``engine``) and
+the same series again under ``octavo:...`` (label ``model_name``).
 
 Gauges mirror the scheduler's last stats snapshot (running / waiting requests, KV cache usage,
-prefix cache hit rate); counters count tokens, preemptions and finished requests; histograms
-hold time to first token, inter-token latency and end-to-end latency. Each ``ServerMetrics``
-owns its registry, so several servers (or tests) in one process never collide.
+prefix cache hit rate); counters count tokens, preemptions, prefix-cache queries/hits and
+finished requests by reason; histograms hold time to first token, inter-token latency,
+end-to-end latency, and per request the time queued, in prefill, in decode and in inference
+(prefill + decode), the prompt and generation token counts. Each ``ServerMetrics`` owns its
+registry, so several servers (or tests) in one process never collide.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -17,44 +24,82 @@ _LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 )  # fmt: skip
+_REQUEST_TIME_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+_TOKEN_BUCKETS = tuple(float(b * 10**e) for e in range(0, 6) for b in (1, 2, 5))
+
+
+class _Series:
+    """One value recorded under both names (``vllm:`` with model_name+engine, ``octavo:``)."""
+
+    def __init__(self, *children: Any) -> None:
+        self.children = children
+
+    def __getattr__(self, method: str) -> Callable[..., None]:
+        def call(*args: Any) -> None:
+            for c in self.children:
+                getattr(c, method)(*args)
+
+        return call
 
 
 class ServerMetrics:
     """Records what ``AsyncLLM`` reports; ``render()`` is the ``/metrics`` body."""
 
+    ENGINE = "0"  # vLLM's engine index label (one engine core per server here)
+
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        reg, lbl, m = self.registry, ["model_name"], model_name
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, lbl, registry=reg).labels(m)
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, lbl, registry=reg).labels(m)
-
-        def hist(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, lbl, buckets=_LATENCY_BUCKETS, registry=reg).labels(m)
-
-        self.num_running = gauge("octavo:num_requests_running", "Requests in the running batch.")
-        self.num_waiting = gauge("octavo:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_cache_usage = gauge("octavo:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).")
-        self.prefix_hit_rate = gauge(
-            "octavo:prefix_cache_hit_rate", "Prefix cache hits / queries (in tokens) since start."
-        )
-        self.prefix_queries = counter("octavo:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
-        self.prefix_hits = counter("octavo:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
-        self.preemptions = counter("octavo:num_preemptions", "Requests preempted (recomputed later).")
-        self.prompt_tokens = counter("octavo:prompt_tokens", "Prompt tokens processed (counted at the first token).")
-        self.generation_tokens = counter("octavo:generation_tokens", "Tokens generated.")
-        self._success = Counter(
-            "octavo:request_success", "Finished requests by finish reason.", ["model_name", "finished_reason"],
-            registry=reg,
-        )
         self.model_name = model_name
-        self.ttft = hist("octavo:time_to_first_token_seconds", "Time from arrival to the first generated token.")
-        self.itl = hist("octavo:inter_token_latency_seconds", "Time between consecutive tokens of one sequence.")
-        self.e2e = hist("octavo:e2e_request_latency_seconds", "Time from arrival to the last token.")
         self._last: dict[str, int] = {"queries": 0, "hits": 0, "preemptions": 0}
+        g, c, h = self._gauge, self._counter, self._hist
+        self.num_running = g("num_requests_running", "Requests in the running batch.")
+        self.num_waiting = g("num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_cache_usage = g("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).")
+        self.prefix_hit_rate = g("prefix_cache_hit_rate", "Prefix cache hits / queries (in tokens) since start.")
+        self.prefix_queries = c("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = c("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = c("num_preemptions", "Requests preempted (recomputed later).")
+        self.prompt_tokens = c("prompt_tokens", "Prompt tokens processed (counted at the first token).")
+        self.generation_tokens = c("generation_tokens", "Tokens generated.")
+        self.ttft = h("time_to_first_token_seconds", "Time from arrival to the first generated token.")
+        self.itl = h("inter_token_latency_seconds", "Time between consecutive tokens of one sequence.")
+        self.e2e = h("e2e_request_latency_seconds", "Time from arrival to the last token.", _REQUEST_TIME_BUCKETS)
+        self.queue_time = h("request_queue_time_seconds", "Time a request waited before it was first scheduled.",
+                            _REQUEST_TIME_BUCKETS)
+        self.prefill_time = h("request_prefill_time_seconds", "Time from first scheduled to the first token.",
+                              _REQUEST_TIME_BUCKETS)
+        self.decode_time = h("request_decode_time_seconds", "Time from the first token to the last.",
+                             _REQUEST_TIME_BUCKETS)
+        self.inference_time = h("request_inference_time_seconds", "Time from first scheduled to the last token.",
+                                _REQUEST_TIME_BUCKETS)
+        self.request_prompt_tokens = h("request_prompt_tokens", "Prompt tokens per request.", _TOKEN_BUCKETS)
+        self.request_generation_tokens = h("request_generation_tokens", "Generated tokens per request.",
+                                           _TOKEN_BUCKETS)
+        self._success = [
+            Counter("vllm:request_success", "Finished requests by finish reason.",
+                    ["model_name", "engine", "finished_reason"], registry=self.registry),
+            Counter("octavo:request_success", "Finished requests by finish reason.",
+                    ["model_name", "finished_reason"], registry=self.registry),
+        ]
+
+    # -- metric construction -------------------------------------------------------------------
+    def _both(self, cls: type, name: str, doc: str, **kw: Any) -> _Series:
+        reg, m = self.registry, self.model_name
+        v = cls(f"vllm:{name}", doc, ["model_name", "engine"], registry=reg, **kw).labels(m, self.ENGINE)
+        o = cls(f"octavo:{name}", doc, ["model_name"], registry=reg, **kw).labels(m)
+        return _Series(v, o)
+
+    def _gauge(self, name: str, doc: str) -> _Series:
+        return self._both(Gauge, name, doc)
+
+    def _counter(self, name: str, doc: str) -> _Series:
+        return self._both(Counter, name, doc)
+
+    def _hist(self, name: str, doc: str, buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> _Series:
+        return self._both(Histogram, name, doc, buckets=buckets)
 
     # -- from the engine core's stats snapshots --------------------------------------------------
     def record_scheduler_stats(self, stats: SchedulerStats) -> None:
@@ -73,18 +118,40 @@ class ServerMetrics:
         self.prefix_hit_rate.set(stats.prefix_cache_hits / q if q else 0.0)
 
     # -- from per-request bookkeeping in AsyncLLM ------------------------------------------------
-    def record_first_token(self, ttft_s: float, num_prompt_tokens: int) -> None:
+    def record_first_token(
+        self, ttft_s: float, num_prompt_tokens: int, queue_s: float | None = None, prefill_s: float | None = None
+    ) -> None:
         self.ttft.observe(ttft_s)
         self.prompt_tokens.inc(num_prompt_tokens)
+        self.request_prompt_tokens.observe(num_prompt_tokens)
+        if queue_s is not None:
+            self.queue_time.observe(max(queue_s, 0.0))
+        if prefill_s is not None:
+            self.prefill_time.observe(max(prefill_s, 0.0))
 
     def record_tokens(self, num_tokens: int, inter_token_s: float | None) -> None:
         self.generation_tokens.inc(num_tokens)
         if inter_token_s is not None:
             self.itl.observe(inter_token_s)
 
-    def record_finished(self, finish_reason: str | None, e2e_s: float) -> None:
+    def record_finished(
+        self,
+        finish_reason: str | None,
+        e2e_s: float,
+        decode_s: float | None = None,
+        inference_s: float | None = None,
+        num_generation_tokens: int | None = None,
+    ) -> None:
         self.e2e.observe(e2e_s)
-        self._success.labels(self.model_name, finish_reason or "unknown").inc()
+        reason = finish_reason or "unknown"
+        self._success[0].labels(self.model_name, self.ENGINE, reason).inc()
+        self._success[1].labels(self.model_name, reason).inc()
+        if decode_s is not None:
+            self.decode_time.observe(max(decode_s, 0.0))
+        if inference_s is not None:
+            self.inference_time.observe(max(inference_s, 0.0))
+        if num_generation_tokens is not None:
+            self.request_generation_tokens.observe(num_generation_tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -16,6 +16,9 @@ class EngineCoreOutput:
     prompt_logprobs: list[dict[int, tuple[float, int]] | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    # Monotonic time the scheduler first admitted the request (set on its first output only;
+    # a timestamp, so not part of equality).
+    scheduled_time: float | None = field(default=None, compare=False)
 
     @property
     def finished(self) -> bool:

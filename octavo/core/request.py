@@ -78,6 +78,8 @@ class Request:
         # Number of prompt tokens served from the prefix cache at the last admission.
         self.num_cached_tokens = 0
         self.num_preemptions = 0
+        # When the scheduler first admitted it (monotonic; for queue/prefill time metrics).
+        self.scheduled_time: float | None = None
         # Order of arrival at the scheduler (set by it): the last tiebreak between requests of
         # equal priority and arrival time, e.g. the children of one n > 1 request.
         self.arrival_seq = 0

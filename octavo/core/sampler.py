@@ -4,8 +4,9 @@ One fixed pipeline for every row (rows with different parameters share each pass
 whose rows never use a feature skips it entirely):
 
 1. logits -> float32
-2. ``allowed_token_ids``: every other token -> -inf; structured outputs: tokens the row's
-   grammar bitmask does not allow -> -inf
+2. ``allowed_token_ids``: every other token -> -inf (if steps 3-4 then mask every allowed
+   token of a row, that row keeps its allowed tokens: nothing outside them is ever sampled);
+   structured outputs: tokens the row's grammar bitmask does not allow -> -inf
 3. ``bad_words``: the last token of a bad word whose prefix ends the output so far -> -inf
 4. ``min_tokens``: while fewer outputs than ``min_tokens``, EOS and ``stop_token_ids`` -> -inf;
    ``logit_bias`` is added
@@ -242,14 +243,22 @@ class Sampler(nn.Module):
     def apply_logits_processors(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Steps 2-5: masks, min_tokens, logit bias, penalties (in place where possible)."""
         neg_inf = float("-inf")
+        allowed_only = None
         if md.allowed_token_ids_mask is not None:
             logits.masked_fill_(md.allowed_token_ids_mask, neg_inf)
+            if md.bad_words_mask is not None or md.min_tokens_mask is not None:
+                allowed_only = logits.clone()
         if md.token_bitmask is not None:
             apply_token_bitmask(logits, *md.token_bitmask)
         if md.bad_words_mask is not None:
             logits.index_put_(md.bad_words_mask, torch.full((), neg_inf, device=logits.device))
         if md.min_tokens_mask is not None:
             logits.index_put_(md.min_tokens_mask, torch.full((), neg_inf, device=logits.device))
+        if allowed_only is not None:
+            # allowed_token_ids is the hard constraint: a row whose every allowed token another
+            # mask removed samples from its allowed tokens (never outside them; no host sync).
+            dead = torch.isneginf(logits).all(dim=-1, keepdim=True)
+            logits = torch.where(dead, allowed_only, logits)
         if md.logit_bias is not None:
             rows, toks, vals = md.logit_bias
             logits.index_put_((rows, toks), vals, accumulate=True)

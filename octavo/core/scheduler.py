@@ -41,6 +41,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -284,6 +285,8 @@ class Scheduler:
             self.waiting.pop()
             kv.record_prefix_cache_query(req, num_hit)
             req.status = RequestStatus.RUNNING
+            if req.scheduled_time is None:
+                req.scheduled_time = time.monotonic()
             req.num_computed_tokens = num_hit
             req.num_cached_tokens = num_hit
             self.running.append(req)
@@ -407,6 +410,8 @@ class Scheduler:
                     new_logprobs=lps,
                     prompt_logprobs=plp,
                     num_cached_tokens=req.num_cached_tokens,
+                    # on the first output only: when the request left the queue
+                    scheduled_time=req.scheduled_time if req.num_output_tokens == len(new_ids) else None,
                 )
             )
             if finished:

@@ -27,7 +27,13 @@ from typing import Protocol
 from octavo.config import OctavoConfig
 from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.core_client import EngineCoreClient, EngineDeadError, make_client
+from octavo.engine.core_client import (
+    DEFAULT_ENGINE_TIMEOUT_S,
+    EngineCoreClient,
+    EngineDeadError,
+    make_client,
+)
+from octavo.engine.output_buffer import ClientStalledError, OutputBuffer
 from octavo.engine.output_processor import OutputKind, OutputProcessor
 from octavo.engine.processor import Processor, PromptType
 from octavo.engine.tokenizer import load_tokenizer
@@ -36,7 +42,10 @@ from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncLLM", "EngineDeadError", "RequestStream", "ShuttingDownError", "StatLogger"]
+__all__ = ["AsyncLLM", "ClientStalledError", "EngineDeadError", "RequestStream", "ShuttingDownError", "StatLogger"]
+
+DEFAULT_MAX_UNSENT_TOKENS = 4096
+DEFAULT_STALLED_STREAM_TIMEOUT_S = 30.0
 
 
 class ShuttingDownError(RuntimeError):
@@ -47,26 +56,47 @@ class StatLogger(Protocol):
     """What ``AsyncLLM`` reports (``octavo.metrics.ServerMetrics`` implements it)."""
 
     def record_scheduler_stats(self, stats: SchedulerStats) -> None: ...
-    def record_first_token(self, ttft_s: float, num_prompt_tokens: int) -> None: ...
+    def record_first_token(
+        self, ttft_s: float, num_prompt_tokens: int, queue_s: float | None = None, prefill_s: float | None = None
+    ) -> None: ...
     def record_tokens(self, num_tokens: int, inter_token_s: float | None) -> None: ...
-    def record_finished(self, finish_reason: str | None, e2e_s: float) -> None: ...
+    def record_finished(
+        self,
+        finish_reason: str | None,
+        e2e_s: float,
+        decode_s: float | None = None,
+        inference_s: float | None = None,
+        num_generation_tokens: int | None = None,
+    ) -> None: ...
 
 
 class _Tracked:
-    __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last")
+    __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last", "scheduled",
+                 "num_generated")
 
-    def __init__(self, num_prompt_tokens: int, child_ids: list[str]) -> None:
-        self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+    def __init__(self, num_prompt_tokens: int, child_ids: list[str], queue: OutputBuffer) -> None:
+        self.queue = queue
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
         self.num_prompt_tokens = num_prompt_tokens
         self.child_last: dict[str, float | None] = dict.fromkeys(child_ids)
+        self.scheduled: float | None = None  # when the engine first scheduled it
+        self.num_generated = 0
+
+    def finished_times(self, now: float) -> dict[str, float | None]:
+        """Decode and inference time (vLLM's definitions) for ``record_finished``."""
+        first, sched = self.first_token_time, self.scheduled
+        return {
+            "decode_s": None if first is None else now - first,
+            "inference_s": None if sched is None else now - sched,
+            "num_generation_tokens": self.num_generated,
+        }
 
 
 class RequestStream:
     """Async iterator over one request's outputs; leaving it early aborts the request."""
 
-    def __init__(self, engine: AsyncLLM, request_id: str, queue: asyncio.Queue) -> None:
+    def __init__(self, engine: AsyncLLM, request_id: str, queue: OutputBuffer) -> None:
         self.engine = engine
         self.request_id = request_id
         self._queue = queue
@@ -78,10 +108,13 @@ class RequestStream:
     async def _iterate(self) -> AsyncIterator[RequestOutput]:
         try:
             while not self.finished:
-                item = await self._queue.get()
-                if isinstance(item, BaseException):
-                    self.finished = True
-                    raise item
+                try:
+                    item = await self._queue.get()
+                except asyncio.CancelledError:
+                    raise  # the consumer went away: the finally below aborts the request
+                except BaseException:
+                    self.finished = True  # the engine side failed it (and already forgot it)
+                    raise
                 if item.finished:
                     self.finished = True
                 yield item
@@ -102,7 +135,19 @@ class AsyncLLM:
         client: EngineCoreClient,
         tokenizer,
         stat_logger: StatLogger | None = None,
+        max_unsent_tokens: int = DEFAULT_MAX_UNSENT_TOKENS,
+        stalled_stream_timeout_s: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
     ) -> None:
+        """``max_unsent_tokens``/``stalled_stream_timeout_s``: backpressure. A request whose
+        consumer leaves more than ``max_unsent_tokens`` generated tokens untaken for longer than
+        ``stalled_stream_timeout_s`` is aborted (its stream raises ``ClientStalledError``);
+        until then its outputs wait merged in one ``OutputBuffer``."""
+        if max_unsent_tokens < 1:
+            raise ValueError(f"max_unsent_tokens must be >= 1; got {max_unsent_tokens}")
+        if not stalled_stream_timeout_s > 0:
+            raise ValueError(f"stalled_stream_timeout_s must be > 0; got {stalled_stream_timeout_s}")
+        self.max_unsent_tokens = max_unsent_tokens
+        self.stalled_stream_timeout_s = stalled_stream_timeout_s
         self.config = config
         self.model_config = config.model_config
         self.tokenizer = tokenizer
@@ -121,17 +166,26 @@ class AsyncLLM:
         inproc: bool | None = None,
         stat_logger: StatLogger | None = None,
         config: OctavoConfig | None = None,
+        engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
+        **backpressure: float,
     ) -> AsyncLLM:
         """Start the engine core (a process unless ``inproc``) and wait until it is ready.
 
-        ``config`` is ``engine_args.create_engine_config()`` when the caller already built it.
+        ``config`` is ``engine_args.create_engine_config()`` when the caller already built it;
+        ``engine_timeout_s`` is how long the engine may go without a heartbeat, or spend in one
+        step, before it is declared dead; ``backpressure``: ``max_unsent_tokens`` and
+        ``stalled_stream_timeout_s`` (see ``__init__``).
         """
         if config is None:
             config = engine_args.create_engine_config()
         tokenizer = load_tokenizer(config.model_config.tokenizer)
-        client = make_client(config, engine_args, inproc)
+        client = make_client(config, engine_args, inproc, engine_timeout_s)
         await client.start()
-        engine = cls(config, client, tokenizer, stat_logger)
+        try:
+            engine = cls(config, client, tokenizer, stat_logger, **backpressure)
+        except BaseException:
+            await client.shutdown(timeout_s=1.0)
+            raise
         engine.processor.kv_cache_tokens = client.engine_info.get("kv_cache_tokens")
         engine._output_task = asyncio.create_task(engine._output_loop(), name="octavo-output-handler")
         return engine
@@ -144,6 +198,11 @@ class AsyncLLM:
     @property
     def dead_reason(self) -> str | None:
         return self.client.dead_reason
+
+    async def wait_dead(self) -> str:
+        """Return (the reason) once the engine has died or hung."""
+        await self.client.dead_event.wait()
+        return self.client.dead_reason or "engine dead"
 
     def check_health(self) -> None:
         if self.client.is_dead:
@@ -171,7 +230,7 @@ class AsyncLLM:
             request_id, prompt, params, None, priority, cache_salt
         )
         self.output_processor.add_request(request_id, text, ids, reqs, output_kind)
-        tracked = _Tracked(len(ids), [r.request_id for r in reqs])
+        tracked = _Tracked(len(ids), [r.request_id for r in reqs], OutputBuffer(output_kind, self.max_unsent_tokens))
         self.requests[request_id] = tracked
         try:
             self.client.add_requests(reqs)
@@ -203,7 +262,7 @@ class AsyncLLM:
         tracked = self.requests.get(request_id)
         self.abort(request_id)
         if tracked is not None:
-            tracked.queue.put_nowait(exc)
+            tracked.queue.put_error(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
         for rid in list(self.requests):
@@ -242,11 +301,19 @@ class AsyncLLM:
             if o.error is not None:
                 self._fail(parent, ValueError(o.error))
                 continue
+            if o.scheduled_time is not None and tracked.scheduled is None:
+                tracked.scheduled = o.scheduled_time
             if o.new_token_ids:
+                tracked.num_generated += len(o.new_token_ids)
                 if tracked.first_token_time is None:
                     tracked.first_token_time = now
                     if sl is not None:
-                        sl.record_first_token(now - tracked.arrival, tracked.num_prompt_tokens)
+                        sched = tracked.scheduled
+                        sl.record_first_token(
+                            now - tracked.arrival, tracked.num_prompt_tokens,
+                            queue_s=None if sched is None else sched - tracked.arrival,
+                            prefill_s=None if sched is None else now - sched,
+                        )
                 last = tracked.child_last.get(o.request_id)
                 tracked.child_last[o.request_id] = now
                 if sl is not None:
@@ -261,12 +328,22 @@ class AsyncLLM:
                 tracked = self.requests.get(ro.request_id)
                 if tracked is None:
                     continue
-                tracked.queue.put_nowait(ro)
+                tracked.queue.put(ro)
+                stalled = tracked.queue.stalled_since
+                if stalled is not None and now - stalled > self.stalled_stream_timeout_s and not ro.finished:
+                    logger.warning("request %s: its client took no output for %.0fs with %d tokens unsent; "
+                                   "aborting it", ro.request_id, now - stalled, tracked.queue.unsent_tokens)
+                    self._fail(ro.request_id, ClientStalledError(
+                        f"the client did not read its stream: more than {self.max_unsent_tokens} tokens were "
+                        f"unsent for {self.stalled_stream_timeout_s:g}s, so the request was aborted"))
+                    if sl is not None:
+                        sl.record_finished("abort", now - tracked.arrival, **tracked.finished_times(now))
+                    continue
                 if ro.finished:
                     del self.requests[ro.request_id]
                     if sl is not None:
                         reason = ro.outputs[0].finish_reason if ro.outputs else None
-                        sl.record_finished(reason, now - tracked.arrival)
+                        sl.record_finished(reason, now - tracked.arrival, **tracked.finished_times(now))
         if stats is not None:
             self.last_stats = stats
             if sl is not None:

@@ -3,7 +3,10 @@
 - ``MPClient`` starts the engine core in its own process (``octavo.engine.core_proc``) and
   talks to it over two ZeroMQ ipc sockets with msgpack messages; the API process does HTTP,
   tokenization and detokenization while the engine steps. It notices the engine process
-  dying (exit, crash, SIGKILL) within ``WATCH_INTERVAL_S``.
+  dying (exit, crash, SIGKILL) within ``WATCH_INTERVAL_S``, and the engine hanging (no
+  heartbeat, e.g. SIGSTOP, or one step running) for longer than ``engine_timeout_s``; a hung
+  engine process is killed. A long prefill is never mistaken for a hang: it is many steps,
+  and every completed step is progress.
 - ``InprocClient`` runs the same loop in a thread of the API process
   (``OCTAVO_ENGINE_INPROC=1``, for debugging); objects are passed without encoding.
 
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +43,7 @@ from octavo.engine.core_proc import EngineCoreLoop, engine_facts
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.2
+DEFAULT_ENGINE_TIMEOUT_S = 60.0
 
 OutputBatch = tuple[list[EngineCoreOutput], SchedulerStats | None]
 
@@ -55,6 +60,7 @@ class EngineCoreClient(ABC):
     def __init__(self) -> None:
         self.engine_info: dict[str, Any] = {}
         self.dead_reason: str | None = None
+        self.dead_event = asyncio.Event()
         self._closing = False
         self._queue: asyncio.Queue | None = None
 
@@ -78,6 +84,7 @@ class EngineCoreClient(ABC):
         if self.dead_reason is None and not self._closing:
             logger.error("engine core is dead: %s", reason)
             self.dead_reason = reason
+            self.dead_event.set()
             assert self._queue is not None
             self._queue.put_nowait(EngineDeadError(reason))
 
@@ -95,8 +102,15 @@ class EngineCoreClient(ABC):
 class MPClient(EngineCoreClient):
     """Engine core in a child process; ZeroMQ PUSH (requests) / PULL (outputs), msgpack."""
 
-    def __init__(self, config: OctavoConfig, engine_args: EngineArgs) -> None:
+    def __init__(
+        self, config: OctavoConfig, engine_args: EngineArgs, engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S
+    ) -> None:
         super().__init__()
+        if not engine_timeout_s > 0:
+            raise ValueError(f"--engine-timeout must be > 0 seconds; got {engine_timeout_s}")
+        self.engine_timeout_s = engine_timeout_s
+        self.heartbeat_interval_s = min(1.0, engine_timeout_s / 4)
+        self._last_heard = 0.0  # monotonic time of the last message from the engine
         mc = config.model_config
         # The child rebuilds the same config from the already-resolved model folder.
         self.engine_args = dataclasses.replace(
@@ -126,6 +140,7 @@ class MPClient(EngineCoreClient):
             "--input-addr", in_addr, "--output-addr", out_addr,
             "--engine-args", json.dumps(dataclasses.asdict(self.engine_args)),
             "--parent-pid", str(os.getpid()),
+            "--heartbeat-interval", str(self.heartbeat_interval_s),
         ]  # fmt: skip
         # The child imports octavo from wherever this process did (a source checkout too).
         env = dict(os.environ)
@@ -137,6 +152,7 @@ class MPClient(EngineCoreClient):
         except BaseException:
             await self.shutdown(timeout_s=1.0)
             raise
+        self._last_heard = time.monotonic()
         self._tasks = [
             asyncio.create_task(self._read_loop(), name="octavo-engine-reader"),
             asyncio.create_task(self._watch(), name="octavo-engine-watch"),
@@ -162,9 +178,16 @@ class MPClient(EngineCoreClient):
         try:
             while True:
                 kind, payload = serial.unpack(await self.output.recv())
+                self._last_heard = time.monotonic()
                 if kind == serial.OUTPUTS:
                     outputs = [serial.decode_output(d) for d in payload["outputs"]]
                     self._queue.put_nowait((outputs, serial.decode_stats(payload["stats"])))
+                elif kind == serial.HEARTBEAT:
+                    step_s = payload.get("step_s")
+                    if step_s is not None and step_s > self.engine_timeout_s:
+                        self._hung(f"one engine step has run for {step_s:.1f}s (--engine-timeout "
+                                   f"{self.engine_timeout_s:g}s) after {payload.get('steps')} steps")
+                        return
                 elif kind == serial.DEAD:
                     self._mark_dead(payload["error"])
                     return
@@ -178,7 +201,18 @@ class MPClient(EngineCoreClient):
         assert self.proc is not None
         while self.proc.poll() is None:
             await asyncio.sleep(WATCH_INTERVAL_S)
+            silent = time.monotonic() - self._last_heard
+            if silent > self.engine_timeout_s and self.proc.poll() is None:
+                self._hung(f"no heartbeat from the engine core for {silent:.1f}s (--engine-timeout "
+                           f"{self.engine_timeout_s:g}s): it is stopped or hung")
+                return
         self._mark_dead(f"the engine core process (pid {self.proc.pid}) exited with code {self.proc.returncode}")
+
+    def _hung(self, reason: str) -> None:
+        """Declare the engine dead and kill its process (a stopped process dies on SIGKILL)."""
+        self._mark_dead(reason)
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
 
     def _send(self, data: bytes) -> None:
         if self.is_dead or self._closing:
@@ -305,9 +339,15 @@ class InprocClient(EngineCoreClient):
             await asyncio.to_thread(self._thread.join, timeout_s)
 
 
-def make_client(config: OctavoConfig, engine_args: EngineArgs, inproc: bool | None = None) -> EngineCoreClient:
+def make_client(
+    config: OctavoConfig,
+    engine_args: EngineArgs,
+    inproc: bool | None = None,
+    engine_timeout_s: float = DEFAULT_ENGINE_TIMEOUT_S,
+) -> EngineCoreClient:
+    """The in-process client has no heartbeat (it is a debugging aid); the process client does."""
     from octavo import envs
 
     if inproc is None:
         inproc = envs.OCTAVO_ENGINE_INPROC
-    return InprocClient(config) if inproc else MPClient(config, engine_args)
+    return InprocClient(config) if inproc else MPClient(config, engine_args, engine_timeout_s)

@@ -11,6 +11,12 @@ refuses (``ValueError``, e.g. it can never fit in the KV cache) comes back as an
 ``EngineCoreOutput`` with ``error`` set; the engine keeps running. Any other exception is a
 bug: the process reports ``DEAD`` and exits, and the API process fails in-flight requests.
 
+Liveness: a thread of the engine process sends ``(HEARTBEAT, {"steps", "step_s"})`` every
+``--heartbeat-interval`` seconds: how many steps have completed and for how long the step in
+progress (if any) has been running. The API process declares the engine hung when heartbeats
+stop (process stopped, e.g. SIGSTOP) or one step runs past its ``--engine-timeout``; a long
+prefill is many bounded steps (chunked prefill), each one progress.
+
 The process (``python -m octavo.engine.core_proc``) gets its ``EngineArgs`` as JSON on the
 command line, connects to two ZeroMQ sockets the API process bound (PULL for input, PUSH for
 output) and speaks msgpack only (``octavo.engine.serial``). It ignores SIGINT (the API process
@@ -25,6 +31,8 @@ import logging
 import os
 import signal
 import sys
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -42,6 +50,8 @@ class EngineCoreLoop:
 
     def __init__(self, core: EngineCore) -> None:
         self.core = core
+        self.steps = 0  # completed steps (read by the heartbeat thread)
+        self.step_started: float | None = None  # monotonic start of the step in progress
 
     def recv(self, timeout_s: float) -> list[tuple[str, Any]]:
         """Every message available; waits up to ``timeout_s`` for the first (0: no wait)."""
@@ -79,15 +89,27 @@ class EngineCoreLoop:
                     core.abort_requests(list(payload))
                 else:
                     logger.warning("engine core ignores unknown message %r", kind)
-            outputs = core.step() if core.has_unfinished_requests() else []
+            outputs: list[EngineCoreOutput] = []
+            if core.has_unfinished_requests():
+                self.step_started = time.monotonic()
+                outputs = core.step()
+                self.steps += 1
+                self.step_started = None
             stats = core.stats()
             if errors or outputs or stats != last_stats:
                 self.send(errors + outputs, stats)
                 last_stats = stats
 
 
+    def heartbeat(self) -> dict[str, Any]:
+        started = self.step_started
+        return {"steps": self.steps, "step_s": None if started is None else time.monotonic() - started}
+
+
 class ZmqEngineCoreLoop(EngineCoreLoop):
-    def __init__(self, core: EngineCore, in_sock, out_sock, parent_pid: int) -> None:
+    def __init__(
+        self, core: EngineCore, in_sock, out_sock, parent_pid: int, heartbeat_interval_s: float = 1.0
+    ) -> None:
         import zmq
 
         super().__init__(core)
@@ -97,6 +119,24 @@ class ZmqEngineCoreLoop(EngineCoreLoop):
         self.parent_pid = parent_pid
         self.poller = zmq.Poller()
         self.poller.register(in_sock, zmq.POLLIN)
+        self._send_lock = threading.Lock()  # the heartbeat thread shares the output socket
+        self._stop = threading.Event()
+        self._interval = heartbeat_interval_s
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            data = serial.pack(serial.HEARTBEAT, self.heartbeat())
+            with self._send_lock:
+                self.out_sock.send(data)
+
+    def run(self) -> None:
+        beat = threading.Thread(target=self._beat, name="octavo-heartbeat", daemon=True)
+        beat.start()
+        try:
+            super().run()
+        finally:
+            self._stop.set()
+            beat.join()
 
     def recv(self, timeout_s: float) -> list[tuple[str, Any]]:
         msgs = []
@@ -117,7 +157,9 @@ class ZmqEngineCoreLoop(EngineCoreLoop):
             "outputs": [serial.encode_output(o) for o in outputs],
             "stats": serial.encode_stats(stats),
         }
-        self.out_sock.send(serial.pack(serial.OUTPUTS, payload))
+        data = serial.pack(serial.OUTPUTS, payload)
+        with self._send_lock:
+            self.out_sock.send(data)
 
     def parent_alive(self) -> bool:
         return os.getppid() == self.parent_pid
@@ -156,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-addr", required=True)
     parser.add_argument("--engine-args", required=True, help="EngineArgs as a JSON object")
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--heartbeat-interval", type=float, default=1.0,
+                        help="seconds between liveness messages to the API process")
     args = parser.parse_args(argv)
 
     configure_logging()
@@ -181,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         out_sock.send(serial.pack(serial.READY, engine_facts(core)))
         try:
-            ZmqEngineCoreLoop(core, in_sock, out_sock, args.parent_pid).run()
+            ZmqEngineCoreLoop(core, in_sock, out_sock, args.parent_pid, args.heartbeat_interval).run()
         except Exception as e:
             logger.error("engine core loop failed:\n%s", traceback.format_exc())
             out_sock.send(serial.pack(serial.DEAD, {"error": f"engine core failed: {e!r}"}))

@@ -32,7 +32,6 @@ class _Sample:
         self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
         self._sent_tokens = 0
-        self._sent_logprobs = 0
 
 
 class RequestState:
@@ -48,7 +47,6 @@ class RequestState:
         # [None] (position 0) + one dict per prompt position, growing as chunks arrive.
         wants = child_params[0].prompt_logprobs is not None
         self.prompt_logprobs: list[dict[int, Logprob] | None] | None = [None] if wants else None
-        self._sent_prompt_logprobs = 0
 
     @property
     def finished(self) -> bool:
@@ -141,18 +139,19 @@ class OutputProcessor:
         prompt_logprobs = state.prompt_logprobs
         if delta and prompt_logprobs is not None:
             # Stream each prompt position once; None when nothing new arrived.
-            new = prompt_logprobs[state._sent_prompt_logprobs :]
-            state._sent_prompt_logprobs = len(prompt_logprobs)
-            prompt_logprobs = new or None
+            # What was streamed is dropped: a long stream keeps no history it never sends again.
+            state.prompt_logprobs = []
+            prompt_logprobs = prompt_logprobs or None
         completions = []
         for s in state.samples.values():
             done = s.finish_reason is not None
             if delta:
                 text = s.detok.get_delta(done)
                 token_ids = s.detok.token_ids[s._sent_tokens :]
-                lps = s.logprobs[s._sent_logprobs :] if s.logprobs is not None else None
+                lps = s.logprobs
+                if s.logprobs is not None:
+                    s.logprobs = []
                 s._sent_tokens = len(s.detok.token_ids)
-                s._sent_logprobs = len(s.logprobs) if s.logprobs is not None else 0
             else:
                 text, token_ids, lps = s.detok.get_text(done), list(s.detok.token_ids), s.logprobs
             cum = s.cumulative_logprob

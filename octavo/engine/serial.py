@@ -10,8 +10,10 @@ as long as its value is plain data (numbers, strings, lists, dicts, None).
 
 Engine kinds, API -> core: ``add`` (a request), ``abort`` (request ids), ``shutdown``.
 Core -> API: ``ready`` (engine facts), ``outputs`` (EngineCoreOutputs + SchedulerStats),
-``dead`` (the engine loop failed; the process exits right after). Worker kinds: a method name
-with its argument, answered by ``ok`` (the result) or ``error`` (the traceback text).
+``dead`` (the engine loop failed; the process exits right after), ``heartbeat`` (liveness:
+steps completed and how long the current step has run, sent from a thread every interval).
+Worker kinds: a method name with its argument, answered by ``ok`` (the result) or ``error``
+(the traceback text).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ SHUTDOWN = "shutdown"
 READY = "ready"
 OUTPUTS = "outputs"
 DEAD = "dead"
+HEARTBEAT = "heartbeat"
 
 
 def _default(obj: Any) -> Any:

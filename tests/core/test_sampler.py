@@ -163,6 +163,23 @@ def test_masks_and_logit_bias_change_logits_exactly():
     torch.testing.assert_close(lp, expected.log_softmax(-1))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_masking_every_allowed_token_never_samples_outside_the_allowed_set(temperature):
+    """Row 0 may only produce 5 and 6, and bad words / min_tokens mask both: it still samples
+    5 or 6 (before, greedy took token 0 and random sampling a NaN argmax). Row 1 is untouched."""
+    logits = LOGITS.repeat(2, 1)
+    allowed = torch.zeros(2, V, dtype=torch.bool)
+    allowed[0] = True
+    allowed[0, [5, 6]] = False
+    md = make_md([{"temperature": temperature}] * 2, allowed_token_ids_mask=allowed,
+                 bad_words_mask=(torch.tensor([0]), torch.tensor([5])),
+                 min_tokens_mask=(torch.tensor([0, 1]), torch.tensor([6, 7])))
+    for _ in range(20):
+        out = Sampler()(logits.clone(), md).sampled_token_ids.tolist()
+        assert out[0] in (5, 6)
+        assert out[1] != 7 and (temperature > 0 or out[1] == 0)
+
+
 def test_logprobs_are_log_softmax_of_the_processed_logits():
     torch.manual_seed(1)
     logits = torch.randn(4, 30) * 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+DEFAULT_ENGINE_TIMEOUT_S = 60.0  # same as octavo.engine.core_client (not imported: keeps --help fast)
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +29,22 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="how tool calls are written in the model's output (for tool_choice \"auto\")")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                         help="largest accepted request body; larger ones get 413")
+    parser.add_argument("--body-read-timeout", type=float, default=30.0,
+                        help="seconds a request body may go without data (e.g. shorter than its "
+                             "Content-Length) before the server answers 408 and closes the connection")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds to let requests in flight finish after SIGTERM/SIGINT")
+    parser.add_argument("--engine-timeout", type=float, default=DEFAULT_ENGINE_TIMEOUT_S,
+                        help="seconds the engine may go without a heartbeat, or spend in one step, before it "
+                             "is declared dead: /health and engine routes answer 503, requests in flight fail")
+    parser.add_argument("--keep-alive-on-engine-death", action="store_true",
+                        help="keep answering 503 after the engine died instead of exiting with code 1 "
+                             "after a short grace period (the default lets a restart policy restart the server)")
+    parser.add_argument("--max-unsent-tokens", type=int, default=4096,
+                        help="backpressure: generated tokens a streaming request may hold unsent while its "
+                             "client does not read")
+    parser.add_argument("--stalled-stream-timeout", type=float, default=30.0,
+                        help="seconds a request may stay over --max-unsent-tokens before it is aborted")
     parser.add_argument("--uvicorn-log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's own log level (default: %(default)s)")

@@ -4,7 +4,7 @@
 ``OpenAIError`` is raised by the serving code; the handlers installed by
 ``install_error_handlers`` turn it, request validation errors (422 in FastAPI, 400 here),
 Starlette's HTTP errors (404 unknown route, 405, ...), ``ValueError`` from the input processor
-(400), ``EngineDeadError`` (500, code ``engine_dead``) and anything unexpected (500) into that
+(400), ``EngineDeadError`` (503, code ``engine_dead``) and anything unexpected (500) into that
 shape. Errors never reach the engine loop.
 """
 
@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from octavo.engine.async_llm import ShuttingDownError
+from octavo.engine.async_llm import ClientStalledError, ShuttingDownError
 from octavo.engine.core_client import EngineDeadError
 
 logger = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     429: "rate_limit_error",
@@ -64,9 +65,10 @@ class OpenAIError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
 
 
-def engine_dead_error(e: BaseException | None = None) -> OpenAIError:
+def engine_dead_error(e: BaseException | str | None = None) -> OpenAIError:
+    """503: the engine died or hung; nothing that needs it can be served (vLLM's status)."""
     detail = f": {e}" if e is not None and str(e) else ""
-    return OpenAIError(f"the engine is dead{detail}", 500, code="engine_dead")
+    return OpenAIError(f"the engine is dead{detail}", 503, code="engine_dead")
 
 
 def param_from_message(msg: str) -> str | None:
@@ -88,6 +90,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, EngineDeadError):
         return engine_dead_error(exc)
+    if isinstance(exc, ClientStalledError):
+        return OpenAIError(str(exc), 408, code="client_stalled")
     if isinstance(exc, ShuttingDownError):
         return OpenAIError(str(exc), 503, code="server_shutting_down")
     if isinstance(exc, ValueError):
@@ -113,14 +117,34 @@ def _unsupported_fields(errors: list[dict[str, Any]]) -> tuple[str, str] | None:
     return f"unsupported request {noun} {listed}: octavo does not implement {'it' if len(names) == 1 else 'them'}", names[0]
 
 
+def _closest_member(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A body that is a union of models (``/tokenize``) fails every member; the member whose
+    fields the body has is the one the client meant (a prompt with a lone surrogate is a bad
+    completion-style body, not a chat body with an unknown field ``prompt``)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        groups.setdefault(loc[0] if loc and loc[0][:1].isupper() else "", []).append(e)
+    if len(groups) < 2 or "" in groups:
+        return errors
+    # the member whose fields the body has (fewest missing / unknown fields), then fewest errors
+    def shape_errors(group: list[dict[str, Any]]) -> tuple[int, int]:
+        return sum(e.get("type") in ("missing", "extra_forbidden") for e in group), len(group)
+
+    return min(groups.values(), key=shape_errors)
+
+
 def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if not errors:
         return "invalid request", None
+    errors = _closest_member(errors)
     unsupported = _unsupported_fields(errors)
     if unsupported is not None:
         return unsupported
-    e = errors[0]
-    loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+    # A union field (prompt: str | list[...]) reports one error per member; the member whose
+    # type matched says what is wrong (too long, lone surrogate, ...), the others only "not a str".
+    e = next((x for x in errors if not str(x.get("type", "")).endswith(("_type", "missing"))), errors[0])
+    loc = [str(p) for p in e.get("loc", ()) if p != "body" and not str(p)[:1].isupper()]  # no model names
     if e.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {e.get('ctx', {}).get('error', e.get('msg'))}", None
     if e.get("type") == "model_attributes_type" or (not loc and e.get("type") in ("dict_type", "model_type")):
@@ -128,6 +152,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     # Union members (prompt: str | list[...]) make pydantic report one error per member.
     param = ".".join(p for p in loc if not (p in ("str", "int") or "[" in p or p[:1].isupper())) or None
     msg = e.get("msg", "invalid value")
+    if e.get("type") == "string_unicode":  # pydantic's own refusal of a lone surrogate
+        msg = "contains a lone surrogate (or other text that is not valid Unicode); text must be valid Unicode"
     extra = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return (f"{param}: {msg}" if param else msg) + extra, param
 

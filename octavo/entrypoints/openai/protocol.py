@@ -4,10 +4,14 @@ A request field octavo does not implement is refused (400 naming the field), nev
 dropped: a client that asks for ``guided_json`` or ``best_of`` must not get unconstrained text back.
 A short allow-list of OpenAI fields that change nothing about the generated text is accepted and
 ignored: ``user`` (an end-user id for abuse tracking), ``store`` and ``metadata`` (OpenAI's
-stored-completions dashboard). Chat messages keep unknown keys: they are handed to the chat template,
-which may use them. Non-finite floats are refused; ranges that need the model (token ids in the vocabulary, prompt + max_tokens within
-the context) are checked by the input processor. Every refusal becomes a 400 in OpenAI's error
-shape (see ``errors.py``).
+stored-completions dashboard). Chat messages keep unknown keys: they are handed to the chat
+template, which may use them. Non-finite floats are refused; numbers are strict (``max_tokens: true`` or ``"5"`` is a 400, not 1 or 5); every
+string is checked to be valid Unicode text (a lone surrogate such as ``"\ud800"`` is valid
+JSON but no text: 400). Lists and maps a request may send are bounded (``MAX_*`` below) so that
+no single request costs unbounded preparation time. Ranges that need the model (token ids in
+the vocabulary, prompt + max_tokens within the context, prompt characters) are checked by the
+serving code and also written into the published OpenAPI schema (``openapi.py``). Every refusal
+becomes a 400 in OpenAI's error shape (see ``errors.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +20,15 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 MAX_N = 128  # samples per prompt
 MAX_LOGPROBS = 20  # top logprobs per position (OpenAI allows 20 for chat, vLLM's default cap)
@@ -24,9 +36,65 @@ MAX_PROMPTS = 1024  # prompts in one /v1/completions batch
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEED_MAX = INT64_MAX - MAX_N  # seed + i for the i-th sample must stay an int64
 
-Seed = Annotated[int, Field(ge=INT64_MIN, le=SEED_MAX)]
-Int32 = Annotated[int, Field(ge=-(2**31), le=2**31 - 1)]
-TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+MAX_STOP = 128  # stop strings per request
+MAX_BAD_WORDS = 1024  # bad_words entries per request
+MAX_WORD_CHARS = 4096  # characters of one stop string / bad word
+MAX_LOGIT_BIAS = 1024  # logit_bias entries
+MAX_TOKEN_ID_LIST = 1 << 16  # stop_token_ids / allowed_token_ids entries
+MAX_MESSAGES = 4096  # chat messages per request
+MAX_ID_CHARS = 256  # request_id, user, cache_salt, model
+
+def _json_integer(value: Any) -> Any:
+    """JSON Schema's ``integer``: ``2`` and ``2.0`` are integers, ``true`` and ``"2"`` are not."""
+    if isinstance(value, (bool, str)):
+        raise ValueError("must be an integer")
+    return value
+
+
+# Request models are strict (no "true" for a bool, no "1.5" for a float); integers accept
+# integral floats as JSON Schema does. ``x-octavo`` marks what the served model bounds
+# (``openapi.py`` writes the served model's limits into the published schema).
+Int = Annotated[int, Field(strict=False), BeforeValidator(_json_integer)]
+Seed = Annotated[Int, Field(ge=INT64_MIN, le=SEED_MAX)]
+Int32 = Annotated[Int, Field(ge=-(2**31), le=2**31 - 1)]
+TokenId = Annotated[Int, Field(ge=0, le=2**31 - 1, json_schema_extra={"x-octavo": "token_id"})]
+MaxTokens = Annotated[Int, Field(ge=1, json_schema_extra={"x-octavo": "max_tokens"})]
+
+
+def check_text(value: str) -> str:
+    """Refuse strings that are not Unicode text (lone UTF-16 surrogates, which JSON can carry
+    as ``\\ud800`` escapes but no tokenizer or UTF-8 encoder accepts)."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"contains a lone surrogate (U+{ord(value[e.start]):04X}) at character {e.start}; "
+                "text must be valid Unicode"
+            ) from None
+    return value
+
+
+def check_json_text(value: Any) -> Any:
+    """``check_text`` on every string (keys too) inside a free-form JSON value."""
+    if isinstance(value, str):
+        check_text(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_json_text(k)
+            check_json_text(v)
+    elif isinstance(value, list):
+        for v in value:
+            check_json_text(v)
+    return value
+
+
+Text = Annotated[str, AfterValidator(check_text)]
+PromptText = Annotated[str, Field(min_length=1, json_schema_extra={"x-octavo": "prompt_text"}),
+                       AfterValidator(check_text)]
+ShortText = Annotated[str, Field(max_length=MAX_ID_CHARS), AfterValidator(check_text)]
+Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS), AfterValidator(check_text)]
+JsonDict = Annotated[dict[str, Any], AfterValidator(check_json_text)]
 
 
 def random_id(prefix: str) -> str:
@@ -34,7 +102,7 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
 
 def only_default(default: Any, what: str):
@@ -52,43 +120,48 @@ class StreamOptions(OpenAIModel):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
-    _no_continuous = field_validator("continuous_usage_stats")(only_default(False, "continuous_usage_stats"))
-
 
 class SamplingFields(OpenAIModel):
     """Fields shared by completions and chat (OpenAI's, then vLLM's extras)."""
 
-    model: str | None = None
+    model: ShortText | None = None
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
-    n: int | None = Field(default=1, ge=1, le=MAX_N)
+    logit_bias: (
+        Annotated[
+            dict[Annotated[Text, Field(json_schema_extra={"x-octavo": "token_id_key"})],
+                 Annotated[float, Field(ge=-100.0, le=100.0)]],
+            Field(max_length=MAX_LOGIT_BIAS),
+        ]
+        | None
+    ) = None
+    n: Int | None = Field(default=1, ge=1, le=MAX_N)
     seed: Seed | None = None
-    stop: str | list[str] | None = None
+    stop: Word | Annotated[list[Word], Field(max_length=MAX_STOP)] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     # Accepted and ignored (see the module docstring): they do not change the generated text.
-    user: str | None = None
+    user: ShortText | None = None
     store: bool | None = None
-    metadata: dict[str, str] | None = None
+    metadata: dict[ShortText, Text] | None = None
     # vLLM extras
     top_k: Int32 | None = None
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=2.0)
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0, le=2**31 - 1)
-    stop_token_ids: list[TokenId] | None = None
+    min_tokens: Int = Field(default=0, ge=0, le=2**31 - 1)
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_TOKEN_ID_LIST)] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    bad_words: list[str] | None = None
-    allowed_token_ids: list[TokenId] | None = None
-    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    priority: int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
-    cache_salt: str | None = Field(default=None, min_length=1)
-    request_id: str | None = Field(default=None, max_length=256)
+    bad_words: Annotated[list[Word], Field(max_length=MAX_BAD_WORDS)] | None = None
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_ID_LIST)] | None = None
+    prompt_logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    priority: Int = Field(default=0, ge=INT64_MIN, le=INT64_MAX)
+    cache_salt: Annotated[ShortText, Field(min_length=1)] | None = None
+    request_id: ShortText | None = None
     # Structured outputs (see structured_outputs.py): OpenAI's response_format, vLLM's
     # structured_outputs and its older guided_* names.
     response_format: dict[str, Any] | None = None
@@ -104,21 +177,38 @@ class SamplingFields(OpenAIModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    prompt: (
+        PromptText
+        | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+        | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+    )
+    best_of: Int | None = Field(default=None, ge=1, le=MAX_N)
     echo: bool | None = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(default=16, ge=1)
-    suffix: str | None = None
+    logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: MaxTokens | None = 16
+    suffix: Text | None = None
     add_special_tokens: bool = True
 
 
+class TextPart(OpenAIModel):
+    """A content part of a chat message: text only."""
+
+    type: Literal["text"]
+    text: Text
+
+
 class ChatMessage(OpenAIModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: ShortText | None = None
+
+    @model_validator(mode="after")
+    def _extra_text(self) -> ChatMessage:
+        check_json_text(self.model_extra)
+        return self
 
 
 class FunctionDefinition(OpenAIModel):
@@ -143,11 +233,11 @@ class NamedToolChoice(OpenAIModel):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    top_logprobs: Int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
     tools: list[ChatTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -156,32 +246,32 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonDict | None = None
 
     _no_echo = field_validator("echo")(only_default(False, "echo in chat completions"))
 
 
 class TokenizeCompletionRequest(OpenAIModel):
-    model: str | None = None
-    prompt: str
+    model: ShortText | None = None
+    prompt: PromptText
     add_special_tokens: bool = True
 
 
 class TokenizeChatRequest(OpenAIModel):
-    model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
+    model: ShortText | None = None
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     tools: list[ChatTool] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     add_special_tokens: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonDict | None = None
 
 
 TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
 
 
 class DetokenizeRequest(OpenAIModel):
-    model: str | None = None
+    model: ShortText | None = None
     tokens: list[TokenId]
 
 
@@ -210,12 +300,22 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -274,6 +374,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ModelCard(BaseModel):

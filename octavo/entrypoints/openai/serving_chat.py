@@ -4,7 +4,6 @@ answered in one body. Text content only; tools as described in ``tool_calls.py``
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -14,7 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from octavo.engine.async_llm import AsyncLLM, RequestStream
 from octavo.engine.output_processor import OutputKind
-from octavo.entrypoints.openai.errors import OpenAIError, sse_error
+from octavo.entrypoints.openai.errors import OpenAIError
 from octavo.entrypoints.openai.http_utils import (
     ClientDisconnected,
     SSEResponse,
@@ -28,11 +27,11 @@ from octavo.entrypoints.openai.protocol import (
     ChatMessage,
     ChatResponseMessage,
     UsageInfo,
-    random_id,
 )
 from octavo.entrypoints.openai.reasoning import ReasoningParser
-from octavo.entrypoints.openai.serving_engine import OpenAIServing, merge_streams
+from octavo.entrypoints.openai.serving_engine import OpenAIServing, PrepPool, sse_events
 from octavo.entrypoints.openai.tool_calls import ToolCallPlan, ToolServerConfig, template_messages
+from octavo.outputs import CompletionOutput, RequestOutput
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -55,9 +54,10 @@ class OpenAIServingChat(OpenAIServing):
         engine: AsyncLLM,
         served_model_name: str | Sequence[str],
         chat_template: str | None = None,
+        pool: PrepPool | None = None,
         tool_config: ToolServerConfig | None = None,
     ) -> None:
-        super().__init__(engine, served_model_name)
+        super().__init__(engine, served_model_name, pool)
         self.chat_template = chat_template
         self.tool_config = tool_config or ToolServerConfig()
         name = engine.config.structured_outputs_config.reasoning_parser
@@ -65,21 +65,16 @@ class OpenAIServingChat(OpenAIServing):
 
     def _conversation(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         conv = []
-        for i, m in enumerate(messages):
+        n_chars = 0
+        for m in messages:
             content = m.content
             if isinstance(content, list):
-                parts = []
-                for part in content:
-                    if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                        raise OpenAIError(
-                            f"messages[{i}].content: only text parts are supported, got type "
-                            f"{part.get('type')!r}", param=f"messages.{i}.content",
-                        )
-                    parts.append(part["text"])
-                content = "\n".join(parts)
+                content = "\n".join(part.text for part in content)
+            n_chars += len(content or "")
             d = {k: v for k, v in m.model_dump(exclude_none=True).items() if k != "content"}
             d["content"] = content if content is not None else ""
             conv.append(d)
+        self.check_prompt_chars(n_chars, "messages")
         return template_messages(conv)
 
     def render(
@@ -91,7 +86,11 @@ class OpenAIServingChat(OpenAIServing):
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
-        """Messages -> ``{"prompt": text, "prompt_token_ids": ids}``; template errors are 400s."""
+        """Messages -> ``{"prompt": text, "prompt_token_ids": ids}``; template errors are 400s.
+
+        Blocking (template + tokenizer): call through ``self.pool``. The messages' characters
+        are bounded (``max_prompt_chars``) before the template runs.
+        """
         if add_generation_prompt and continue_final_message:
             raise OpenAIError(
                 "add_generation_prompt and continue_final_message cannot both be true",
@@ -100,13 +99,14 @@ class OpenAIServingChat(OpenAIServing):
         template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
         if not template:
             raise OpenAIError("the model has no chat template (start the server with --chat-template)")
+        conversation = self._conversation(messages)
         kwargs = dict(chat_template_kwargs or {})
         for reserved in ("messages", "conversation", "tokenize", "chat_template", "add_generation_prompt",
                          "continue_final_message", "return_dict"):
             kwargs.pop(reserved, None)
         try:
             text = self.tokenizer.apply_chat_template(
-                self._conversation(messages),
+                conversation,
                 chat_template=template,
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt,
@@ -124,27 +124,37 @@ class OpenAIServingChat(OpenAIServing):
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
+        self.check_engine()
         plan = ToolCallPlan(req, self.tool_config)
         if req.top_logprobs and not req.logprobs:
             raise OpenAIError("top_logprobs requires logprobs to be true", param="top_logprobs")
-        prompt = self.render(
-            req.messages, req.add_generation_prompt, req.continue_final_message, req.add_special_tokens,
-            req.chat_template_kwargs, plan.template_tools,
-        )
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         params = self.sampling_params(req, max_tokens, logprobs)
         params.structured_outputs = plan.constraint(params.structured_outputs)
-        request_id = req.request_id or random_id("chatcmpl")
+        prompt = await self.pool.run(
+            self.render, req.messages, req.add_generation_prompt, req.continue_final_message,
+            req.add_special_tokens, req.chat_template_kwargs, plan.template_tools,
+        )
+        await self.prepare_params(params)
+        request_id, headers = self.new_request_id("chatcmpl", req.request_id, raw)
         kind = OutputKind.DELTA if req.stream else OutputKind.FINAL_ONLY
         streams = await self.submit(request_id, [prompt], params, req, kind)
         created = int(time.time())
         if req.stream:
-            return SSEResponse(self._stream(req, request_id, created, streams, plan))
+            return SSEResponse(self._stream(req, request_id, created, streams, plan), headers=headers)
         try:
             (out,) = await run_until_disconnect(raw, self.final_outputs(streams))
         except ClientDisconnected:
             return Response(status_code=499)
+        resp = await self.pool.run(self._response, req, request_id, created, out, logprobs, plan)
+        return JSONResponse(resp.model_dump(mode="json"), headers=headers)
+
+    def _response(
+        self, req: ChatCompletionRequest, request_id: str, created: int, out: RequestOutput,
+        logprobs: int | None, plan: ToolCallPlan,
+    ) -> ChatCompletionResponse:
+        """Blocking (decodes logprob tokens): runs in the pool."""
         choices = []
         completion_tokens = 0
         for c in out.outputs:
@@ -163,72 +173,53 @@ class OpenAIServingChat(OpenAIServing):
                 )
             )
         prompt_tokens = len(out.prompt_token_ids)
-        resp = ChatCompletionResponse(
+        return ChatCompletionResponse(
             id=request_id, created=created, model=self.served_model_name, choices=choices,
             usage=UsageInfo(
                 prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                 total_tokens=prompt_tokens + completion_tokens,
             ),
+            prompt_logprobs=self.prompt_logprobs_json(out.prompt_logprobs) if req.prompt_logprobs is not None else None,
         )
-        return JSONResponse(resp.model_dump(mode="json"))
 
-    async def _stream(
+    def _stream(
         self, req: ChatCompletionRequest, request_id: str, created: int, streams: list[RequestStream],
         plan: ToolCallPlan,
     ) -> AsyncIterator[str]:
         n = req.n or 1
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
         num = (req.top_logprobs or 0) if req.logprobs else None
-        base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                "model": self.served_model_name}
+        opts = req.stream_options
 
-        def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
-            return f"data: {json.dumps({**base, 'choices': choices, **extra})}\n\n"
-
-        done: set[int] = set()
         tool_streams = [plan.streamer() for _ in range(n)]
         reasoning_streams = [self.reasoning.streamer() if self.reasoning else None for _ in range(n)]
-        prompt_tokens = completion_tokens = 0
-        try:
-            yield chunk([
-                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-                for i in range(n)
-            ])
-            async for _, out in merge_streams(streams):
-                prompt_tokens = len(out.prompt_token_ids)
-                for c in out.outputs:
-                    if c.index in done or not (c.text or c.token_ids or c.finish_reason):
-                        continue
-                    completion_tokens += len(c.token_ids)
-                    lps = None
-                    if num is not None and c.logprobs:
-                        content = self.chat_logprobs(c.token_ids, c.logprobs, num)
-                        lps = {"content": [x.model_dump() for x in content]}
-                    ts, rs = tool_streams[c.index], reasoning_streams[c.index]
-                    final = bool(c.finish_reason)
-                    thought, text = rs.feed(c.text, final) if rs is not None else ("", c.text)
-                    text, calls = ts.feed(text, final)
-                    if not thought and not text and not calls and lps is None and not c.finish_reason:
-                        continue
-                    delta: dict[str, Any] = {"content": text} if text else {}
-                    if thought:
-                        delta["reasoning_content"] = thought
-                    if calls:
-                        delta["tool_calls"] = calls
-                    if c.finish_reason:
-                        done.add(c.index)
-                    yield chunk([{
-                        "index": c.index, "delta": delta, "logprobs": lps,
-                        "finish_reason": plan.finish_reason(c.finish_reason, ts.num_calls > 0),
-                        "stop_reason": c.stop_reason,
-                    }])
-            if include_usage:
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                         "total_tokens": prompt_tokens + completion_tokens}
-                yield chunk([], usage=usage)
-        except Exception as e:
-            yield sse_error(e)
-        finally:
-            for s in streams:
-                s.abort()
-        yield "data: [DONE]\n\n"
+
+        def render(i: int, idx: int, out: RequestOutput, c: CompletionOutput) -> dict[str, Any] | None:
+            lps = None
+            if num is not None and c.logprobs:
+                lps = {"content": [x.model_dump() for x in self.chat_logprobs(c.token_ids, c.logprobs, num)]}
+            ts, rs = tool_streams[c.index], reasoning_streams[c.index]
+            final = bool(c.finish_reason)
+            thought, text = rs.feed(c.text, final) if rs is not None else ("", c.text)
+            text, calls = ts.feed(text, final)
+            if not thought and not text and not calls and lps is None and not c.finish_reason:
+                return None
+            delta: dict[str, Any] = {"content": text} if text else {}
+            if thought:
+                delta["reasoning_content"] = thought
+            if calls:
+                delta["tool_calls"] = calls
+            return {"index": idx, "delta": delta, "logprobs": lps,
+                    "finish_reason": plan.finish_reason(c.finish_reason, ts.num_calls > 0),
+                    "stop_reason": c.stop_reason}
+
+        base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                "model": self.served_model_name}
+        prelude = [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+            for i in range(n)
+        ]
+        return sse_events(
+            streams, base, n, render, prelude=prelude,
+            include_usage=bool(opts and opts.include_usage),
+            continuous_usage=bool(opts and opts.continuous_usage_stats),
+        )

@@ -1,37 +1,92 @@
-"""What completions and chat share: model check, sampling params from a request, logprob
-formatting, submitting several sub-requests at once, merging their streams."""
+"""What completions and chat share: model check, request preparation off the event loop,
+sampling params from a request, request ids, logprob formatting, submitting several
+sub-requests at once, merging their streams, and the one Server-Sent-Events generator both
+endpoints stream through.
+
+Invariants:
+- nothing whose cost grows with the request's size runs on the event loop: tokenisation,
+  chat templates, bad-words preparation and large detokenisation go through ``PrepPool``
+  (a bounded thread pool; the tokenizers release the GIL), and every size is bounded first
+  (``max_prompt_chars`` here, list bounds in ``protocol.py``), each refusal a 400 naming the limit;
+- engine request ids are octavo's own (``cmpl-<random>-<index>``); a caller's ``request_id``
+  or ``X-Request-Id`` is only echoed back and logged, so no caller can collide with another.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
+import logging
 import math
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from starlette.requests import Request
 
 from octavo.engine.async_llm import AsyncLLM, RequestStream
 from octavo.engine.output_processor import OutputKind
 from octavo.engine.processor import PromptType
-from octavo.entrypoints.openai.errors import OpenAIError, param_from_message
+from octavo.entrypoints.openai.errors import OpenAIError, param_from_message, sse_error
 from octavo.entrypoints.openai.protocol import (
     INT64_MAX,
+    MAX_ID_CHARS,
     ChatTokenLogprob,
     CompletionLogprobs,
     SamplingFields,
     TopLogprob,
+    random_id,
 )
 from octavo.entrypoints.openai.structured_outputs import structured_outputs_from_request
 from octavo.outputs import Logprob, RequestOutput
 from octavo.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
+
 LOGPROB_FLOOR = -9999.0  # what a masked token (-inf) reports, as in vLLM (JSON has no -inf)
+T = TypeVar("T")
+_HEADER_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "%")  # printable ASCII stays
 
 
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else LOGPROB_FLOOR
 
 
+class PrepPool:
+    """A bounded thread pool for request preparation (tokenise, render, detokenise).
+
+    Work submitted here never blocks the event loop; at most ``max_workers`` requests are
+    prepared at once and the rest queue in order of arrival.
+    """
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        workers = max_workers or min(4, os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="octavo-prep")
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def max_token_chars(tokenizer) -> int:
+    """Characters of the longest vocabulary entry: no token decodes to more (a raw byte-level
+    or sentencepiece token string is at least as long as its decoded text)."""
+    try:
+        return max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
+    except Exception:  # a tokenizer without get_vocab: a generous fixed bound
+        return 64
+
+
 class OpenAIServing:
-    def __init__(self, engine: AsyncLLM, served_model_name: str | Sequence[str]) -> None:
+    def __init__(
+        self, engine: AsyncLLM, served_model_name: str | Sequence[str], pool: PrepPool | None = None
+    ) -> None:
         self.engine = engine
         # Every name a request may use (vLLM's several --served-model-name); responses carry the first.
         names = (served_model_name,) if isinstance(served_model_name, str) else tuple(served_model_name)
@@ -40,6 +95,10 @@ class OpenAIServing:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.model_config.max_model_len
         self.vocab_size = engine.model_config.vocab_size
+        self.pool = pool if pool is not None else PrepPool()
+        # A prompt with more characters than this can never fit in max_model_len tokens (x2 for
+        # normalisers that drop characters), so it is refused before any tokenisation.
+        self.max_prompt_chars = 2 * self.max_model_len * max_token_chars(self.tokenizer)
         # The model's generation_config.json defaults, for the fields a request leaves unset.
         self.defaults = engine.model_config.sampling_defaults
 
@@ -50,6 +109,22 @@ class OpenAIServing:
             raise OpenAIError(
                 f"the model {model!r} does not exist; this server serves {served}",
                 404, param="model", code="model_not_found",
+            )
+
+    def check_engine(self) -> None:
+        """503 (OpenAI-shaped) once the engine is dead: nothing that needs it can be served."""
+        if self.engine.is_dead:
+            from octavo.entrypoints.openai.errors import engine_dead_error
+
+            raise engine_dead_error(self.engine.dead_reason)
+
+    def check_prompt_chars(self, n_chars: int, param: str = "prompt") -> None:
+        if n_chars > self.max_prompt_chars:
+            raise OpenAIError(
+                f"{param} has {n_chars} characters, over the limit of {self.max_prompt_chars} "
+                f"(max_prompt_chars: max_model_len {self.max_model_len} x the longest token's "
+                "characters x 2); it cannot fit in the context",
+                param=param, code="prompt_too_long",
             )
 
     def sampling_params(
@@ -116,10 +191,36 @@ class OpenAIServing:
         except (ValueError, TypeError) as e:
             raise OpenAIError(str(e), param=param_from_message(str(e))) from None
 
+    async def prepare_params(self, params: SamplingParams) -> SamplingParams:
+        """Bad words -> token sequences, in the pool (one tokenisation per word and variant)."""
+        if params.bad_words:
+            params._bad_words_token_ids = await self.pool.run(
+                self.engine.processor.bad_words_token_ids, params.bad_words
+            )
+        return params
+
     def tokenize_text(self, text: str, add_special_tokens: bool) -> dict[str, Any]:
+        """Blocking: call through ``self.pool``."""
+        self.check_prompt_chars(len(text))
         return {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=add_special_tokens)}
 
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Blocking for long inputs: call through ``self.pool``."""
+        return self.tokenizer.decode(list(token_ids))
+
     # -- submission ---------------------------------------------------------------------------
+    @staticmethod
+    def new_request_id(prefix: str, body_id: str | None, raw: Request) -> tuple[str, dict[str, str]]:
+        """Octavo's own id for the engine, and the response headers that echo the caller's id
+        (``request_id`` in the body, else the ``X-Request-Id`` header; octavo's id when neither).
+        The caller's id is logged next to octavo's and is never a key of anything."""
+        rid = random_id(prefix)
+        caller = body_id if body_id is not None else raw.headers.get("x-request-id")
+        if caller is not None:
+            logger.info("request %s: caller's request id %r", rid, caller)
+            caller = quote(caller[:MAX_ID_CHARS], safe=_HEADER_SAFE)
+        return rid, {"X-Request-Id": caller if caller is not None else rid}
+
     async def submit(
         self,
         request_id: str,
@@ -128,15 +229,15 @@ class OpenAIServing:
         req: SamplingFields,
         output_kind: OutputKind,
     ) -> list[RequestStream]:
-        """Validate and add every prompt; on any failure abort what was added and re-raise."""
+        """Validate and add every prompt as ``<request_id>-<index>``; on any failure abort what
+        was added and re-raise."""
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
-                rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
                 streams.append(
                     await self.engine.add_request(
-                        rid, prompt, params.clone(), priority=req.priority, cache_salt=req.cache_salt,
-                        output_kind=output_kind,
+                        f"{request_id}-{i}", prompt, params.clone(), priority=req.priority,
+                        cache_salt=req.cache_salt, output_kind=output_kind,
                     )
                 )
         except BaseException as e:
@@ -178,23 +279,46 @@ class OpenAIServing:
     def completion_logprobs(
         self,
         token_ids: Sequence[int],
-        logprobs: Sequence[dict[int, Logprob]],
+        logprobs: Sequence[dict[int, Logprob] | None],
         num: int,
         text_offset: int,
     ) -> CompletionLogprobs:
+        """OpenAI's completion logprobs; a position without logprobs (the first prompt token
+        when prompt logprobs are echoed) reports ``None``, as vLLM does."""
         out = CompletionLogprobs()
-        for tid, d in zip(token_ids, logprobs, strict=False):
-            lp = d.get(tid)
+        for pos, tid in enumerate(token_ids):
+            d = logprobs[pos] if pos < len(logprobs) else None
+            lp = d.get(tid) if d else None
             token = self._token_str(tid, lp)
             out.tokens.append(token)
+            out.text_offset.append(text_offset)
+            text_offset += len(token)
+            if d is None:
+                out.token_logprobs.append(None)
+                out.top_logprobs.append(None)
+                continue
             out.token_logprobs.append(_finite(lp.logprob) if lp is not None else None)
             top = {self._token_str(t, x): _finite(x.logprob) for t, x in self._top(d, num)}
             if num > 0 and lp is not None:
                 top.setdefault(token, _finite(lp.logprob))
             out.top_logprobs.append(top)
-            out.text_offset.append(text_offset)
-            text_offset += len(token)
         return out
+
+    @staticmethod
+    def prompt_logprobs_json(
+        plp: Sequence[dict[int, Logprob] | None] | None,
+    ) -> list[dict[str, dict[str, Any]] | None] | None:
+        """vLLM's ``prompt_logprobs``: per prompt position ``None`` (the first) or
+        ``{token_id: {"logprob", "rank", "decoded_token"}}``."""
+        if plp is None:
+            return None
+        return [
+            None if d is None else {
+                str(t): {"logprob": _finite(x.logprob), "rank": x.rank, "decoded_token": x.decoded_token}
+                for t, x in d.items()
+            }
+            for d in plp
+        ]
 
     def chat_logprobs(
         self,
@@ -219,6 +343,75 @@ class OpenAIServing:
                 )
             )
         return content
+
+
+def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+ChoiceRenderer = Callable[[int, int, RequestOutput, Any], "dict[str, Any] | None"]
+
+
+async def sse_events(
+    streams: Sequence[RequestStream],
+    base: dict[str, Any],
+    n: int,
+    render: ChoiceRenderer,
+    *,
+    include_usage: bool,
+    continuous_usage: bool,
+    prelude: list[dict[str, Any]] | None = None,
+) -> AsyncIterator[str]:
+    """The Server-Sent Events of a streamed completion or chat completion.
+
+    ``render(prompt_index, choice_index, output, sample)`` turns one sample's delta into the
+    endpoint's choice dict (or ``None`` to send nothing); ``output.prompt_logprobs`` holds every
+    prompt logprob received so far. Choice ``i * n + j`` is sample ``j``
+    of prompt ``i``. With ``continuous_usage`` every event carries the usage so far (that
+    choice's completion tokens, as vLLM counts them); with ``include_usage`` a last event
+    carries the totals. An error after the stream began is one error event; ``[DONE]`` ends
+    every stream. Leaving early (client gone) aborts every sample.
+    """
+    prompt_tokens: dict[int, int] = {}
+    sample_tokens: dict[int, int] = {}
+    prompt_lps: dict[int, list] = {}  # prompt logprobs arrive in pieces before the first token
+    done: set[int] = set()
+
+    def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> str:
+        body = {**base, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+    try:
+        if prelude:
+            yield event(prelude, usage_dict(0, 0) if continuous_usage else None)
+        async for i, out in merge_streams(streams):
+            prompt_tokens.setdefault(i, len(out.prompt_token_ids))
+            if out.prompt_logprobs:
+                prompt_lps.setdefault(i, []).extend(out.prompt_logprobs)
+            out.prompt_logprobs = prompt_lps.get(i)
+            for c in out.outputs:
+                idx = i * n + c.index
+                if idx in done or not (c.text or c.token_ids or c.finish_reason):
+                    continue
+                sample_tokens[idx] = sample_tokens.get(idx, 0) + len(c.token_ids)
+                choice = render(i, idx, out, c)
+                if choice is None:
+                    continue
+                if c.finish_reason:
+                    done.add(idx)
+                usage = usage_dict(prompt_tokens[i], sample_tokens[idx]) if continuous_usage else None
+                yield event([choice], usage)
+        if include_usage:
+            yield event([], usage_dict(sum(prompt_tokens.values()), sum(sample_tokens.values())))
+    except Exception as e:
+        yield sse_error(e)
+    finally:
+        for s in streams:
+            s.abort()
+    yield "data: [DONE]\n\n"
 
 
 async def merge_streams(streams: Sequence[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:

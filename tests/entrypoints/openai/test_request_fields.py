@@ -66,13 +66,6 @@ def test_known_field_at_unimplemented_value_is_refused(client, field, value):
     assert body["param"] == field and "not supported" in body["message"]
 
 
-def test_continuous_usage_stats_is_refused(server):
-    r = httpx.post(server.url + "/v1/completions", json={
-        "prompt": "x", "max_tokens": 1, "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.continuous_usage_stats"
-
-
 def test_harmless_openai_fields_are_accepted(client):
     r = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, user="u-1", store=False,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import threading
@@ -333,8 +332,15 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "text"),
-    ("/v1/completions", {"prompt": ""}, 400, "empty"),
-    ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/completions", {"prompt": ""}, 400, "at least 1 character"),
+    ("/v1/completions", {"prompt": []}, 400, "at least 1"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2.5}, 400, "max_tokens"),  # 2.0 is an integer
+    ("/v1/completions", {"prompt": "x", "max_tokens": "2"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 129}, 400, "at most 128"),
+    ("/v1/completions", {"prompt": "x", "stop": "s" * 4097}, 400, "at most 4096"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, 400, "at most 1024"),
     ("/v1/completions", {"prompt": [10, 999999]}, 400, "999999"),
     ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, 400, str(MAX_MODEL_LEN)),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 100000},
@@ -503,6 +509,9 @@ def test_api_key_required_on_v1_only(server):
         assert err["code"] == "invalid_api_key"
         assert_openai_error(httpx.get(server.url + "/v1/models", headers=headers), 401)
     assert httpx.post(server.url + "/v1/completions", json=body, headers=AUTH).status_code == 200
+    for scheme in ("bearer", "BEARER", "BeArEr"):  # auth schemes are case-insensitive
+        headers = {"Authorization": f"{scheme} {API_KEY}"}
+        assert httpx.post(server.url + "/v1/completions", json=body, headers=headers).status_code == 200
     bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
@@ -511,47 +520,7 @@ def test_api_key_required_on_v1_only(server):
         assert httpx.get(server.url + path).status_code == 200
 
 
-# -- engine death, then SIGTERM (keep last: they end the module's server) -----------------------
-def test_engine_killed_during_requests(server, client):
-    wait_idle(server)
-    result: dict = {}
-
-    def blocking_request():
-        try:
-            client.completions.create(model=MODEL, prompt="never finishes", max_tokens=240, n=4,
-                                      extra_body={"ignore_eos": True})
-        except Exception as e:
-            result["error"] = e
-
-    t = threading.Thread(target=blocking_request)
-    stream = client.completions.create(model=MODEL, prompt="stream", max_tokens=240, stream=True,
-                                       extra_body={"ignore_eos": True})
-    it = iter(stream)
-    next(it)  # the stream is running
-    t.start()
-    deadline = time.monotonic() + 30  # kill once the blocking request's 4 samples are running
-    while server.metrics()["octavo:num_requests_running"] < 5:
-        assert time.monotonic() < deadline, "the blocking request never started running"
-        time.sleep(0.01)
-    os.kill(server.engine_pid, signal.SIGKILL)
-    with pytest.raises(openai.APIError) as e:
-        for _ in it:
-            pass
-    assert "engine" in str(e.value.message)
-    t.join(30)
-    assert not t.is_alive(), "the non-streaming client hangs"
-    err = result["error"]
-    assert isinstance(err, openai.InternalServerError)
-    assert err.body["code"] == "engine_dead"
-    health = httpx.get(server.url + "/health")
-    assert health.status_code == 503
-    assert health.json()["error"]["code"] == "engine_dead"
-    with pytest.raises(openai.InternalServerError):
-        client.completions.create(model=MODEL, prompt="x", max_tokens=2)
-    # utilities that need no engine keep answering
-    assert httpx.post(server.url + "/tokenize", json={"prompt": "x"}).status_code == 200
-
-
+# -- SIGTERM (keep last: it ends the module's server; engine death: test_server_engine_death.py) --
 def test_sigterm_exits_zero(server):
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
