@@ -77,7 +77,18 @@ def engine_args_dict(config: OctavoConfig) -> dict:
         distributed_executor_backend=pc.distributed_executor_backend,
         enable_expert_parallel=pc.enable_expert_parallel,
         enforce_eager=config.enforce_eager,
+        quantization=mc.quantization, prefix_caching_hash_algo=cc.prefix_caching_hash_algo,
     )
+
+
+# EngineArgs fields a worker does not need: the engine core (rank 0's process) alone serves,
+# schedules, samples and detokenizes; a worker only loads its shard and runs forward passes.
+# tests/executor checks that every other field is forwarded, so a new flag cannot be dropped.
+ENGINE_ONLY_FIELDS = frozenset({
+    "revision", "tokenizer_revision", "download_dir",  # the model is already a local folder here
+    "served_model_name", "trust_remote_code", "pipeline_parallel_size", "async_scheduling",
+    "generation_config", "structured_outputs_config", "guided_decoding_backend", "reasoning_parser",
+})
 
 
 class MultiprocExecutor(DistributedExecutor):

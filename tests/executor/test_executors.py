@@ -66,3 +66,18 @@ def test_worker_error_is_raised_with_its_cause(llama_dir):
         assert mp.procs == []  # a failed executor shut its workers down
     finally:
         mp.shutdown()
+
+
+def test_workers_get_every_engine_flag_they_need():
+    """A worker rebuilds its config from ``engine_args_dict``: an EngineArgs field that is neither
+    forwarded nor declared engine-only would be silently dropped on tensor-parallel ranks."""
+    import dataclasses
+
+    from octavo.engine.arg_utils import EngineArgs
+    from octavo.executor.multiproc import ENGINE_ONLY_FIELDS, engine_args_dict
+
+    config = EngineArgs(tensor_parallel_size=1).create_engine_config()
+    forwarded = set(engine_args_dict(config))
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert forwarded <= fields
+    assert fields - forwarded - ENGINE_ONLY_FIELDS == set()
