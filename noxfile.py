@@ -87,15 +87,16 @@ def test_cpu(session: nox.Session) -> None:
     """Every test not marked for an accelerator, on the CPU build of torch (CI runs this),
     spread over one pytest-xdist worker per core."""
     _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
-    _pytest(session, f"not ({DEVICE_MARKS}) and not contract", workers="auto")
+    _pytest(session, f"not ({DEVICE_MARKS}) and not contract and not soak", workers="auto")
 
 
 @nox.session(name="api-contract")
 def api_contract(session: nox.Session) -> None:
     """schemathesis --checks all (>= 40 examples per operation) against a real `octavo serve`:
-    the published OpenAPI schema matches what the server enforces (minutes long)."""
+    the published OpenAPI schema matches what the server enforces; plus the timing-dependent
+    server soak tests (marker `soak`), each a real server alone on the machine (minutes long)."""
     _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
-    _pytest(session, "contract")
+    _pytest(session, "contract or soak")
 
 
 def _device_session(platform: str) -> None:
@@ -114,7 +115,7 @@ def _device_session(platform: str) -> None:
             )
         # The common tests plus the ones marked for this platform, one xdist worker per core
         # (they share the device: each test's footprint is small).
-        _pytest(session, f"{platform} or not ({DEVICE_MARKS})", workers="auto")
+        _pytest(session, f"({platform} or not ({DEVICE_MARKS})) and not contract and not soak", workers="auto")
 
     session_fn.__doc__ = f"Common tests plus those marked {platform!r}, with the [{spec['extra']}] extra."
     nox.session(name=f"test-{platform}")(session_fn)

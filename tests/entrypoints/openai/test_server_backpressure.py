@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.entrypoints.openai.utils import RemoteServer
 
@@ -46,6 +47,9 @@ def non_reading_stream(port: int) -> socket.socket:
     return s
 
 
+# Timing-dependent (when the stall clock starts depends on how fast the engine fills the socket
+# buffers): it flaked beside other tests under xdist, so it runs alone in `nox -s api-contract`.
+@pytest.mark.soak
 def test_non_reading_clients_are_bounded_aborted_and_memory_returns(llama_dir):
     srv = RemoteServer([llama_dir, "--dtype", "float32", "--max-model-len", "2048",
                         "--max-unsent-tokens", "64", "--stalled-stream-timeout", "1", "--max-num-seqs", "512"])
