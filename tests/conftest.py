@@ -13,6 +13,33 @@ ARCHS = ["llama", "mistral", "qwen2", "qwen3"]
 MOE_ARCHS = ["mixtral", "qwen2_moe", "qwen3_moe"]
 
 
+DEVICE_MARKS = ("cuda", "rocm", "xpu", "tpu")
+# A test without a device marker is part of the CPU suite and runs on the CPU platform, also on
+# a GPU machine (``nox -s test-cuda`` runs the common tests beside the device ones): everything
+# unmarked compares against CPU references (transformers on CPU, ``cpu_paged``, gloo) and must
+# not pick the machine's GPU just because one is there. Set for the whole process, so module-
+# scoped servers and engines (and the worker processes they spawn) resolve CPU too; tests marked
+# for a device lift it (``_device_tests_detect_the_platform``). An explicit OCTAVO_PLATFORM wins.
+_CPU_BY_DEFAULT = "OCTAVO_PLATFORM" not in os.environ
+if _CPU_BY_DEFAULT:
+    os.environ["OCTAVO_PLATFORM"] = "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _device_tests_detect_the_platform(request):
+    """Device-marked tests resolve the platform from the hardware, as a user's run would."""
+    if not (_CPU_BY_DEFAULT and any(request.node.get_closest_marker(m) for m in DEVICE_MARKS)):
+        yield
+        return
+    from octavo.platforms import reset_current_platform
+
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.delenv("OCTAVO_PLATFORM")
+    reset_current_platform()
+    yield
+    reset_current_platform()  # re-resolved lazily, after monkeypatch restores the environment
+
+
 @pytest.fixture
 def cpu_platform(monkeypatch):
     """Force the CPU platform for a test that means CPU (it would pick CUDA on a GPU machine).

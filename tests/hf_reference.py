@@ -10,7 +10,10 @@ def hf_model(path: str, dtype_name: str = "float32"):
     import torch
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype_name)).eval()
+    # eager: the one attention every transformers version runs with Gemma 2's logit soft-capping
+    # (older releases' sdpa path ignored the cap and answered differently).
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=getattr(torch, dtype_name), attn_implementation="eager").eval()
 
 
 def hf_greedy(path: str, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

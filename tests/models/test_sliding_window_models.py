@@ -90,7 +90,8 @@ def _hf(path: str, **change):
     import torch
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **change).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", **change).eval()
 
 
 def test_attention_cap_and_window_change_the_reference(checkpoints):
