@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp's format) for Llama-family models, read with the ``gguf`` package.
 
 - config: transformers builds it from the GGUF metadata (``AutoConfig(gguf_file=...)``); octavo
-  adds ``architectures`` and refuses metadata it would otherwise silently drop (RoPE scaling).
+  adds ``architectures``, reads Llama-3 RoPE scaling from the ``rope_freqs`` tensor
+  (``gguf_rope``) and refuses metadata it would otherwise silently drop (``rope.scaling.*``).
 - tokenizer: transformers builds it from the GGUF metadata too (``load_tokenizer``), unless
   ``--tokenizer`` names another.
 - weights: tensors are renamed to HF names, dequantized one at a time to float32 (F32, F16,
@@ -45,6 +46,8 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Llama-3 RoPE scaling factors, one per rotated frequency (llama.cpp's ``LLM_TENSOR_ROPE_FREQS``).
+ROPE_FREQS = "rope_freqs.weight"
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -78,20 +81,38 @@ def load_gguf_config(path: str):
     reader = _reader(path)
     arch = gguf_architecture(reader)
     scaling = [k for k in reader.fields if k.startswith(f"{arch}.rope.scaling.")]
-    if scaling or any(t.name == "rope_freqs.weight" for t in reader.tensors):
+    if scaling:
         raise ValueError(
-            f"GGUF {path!r}: RoPE scaling in GGUF metadata ({', '.join(scaling) or 'rope_freqs.weight'}) "
-            "is not supported; use the model's HF checkpoint"
+            f"GGUF {path!r}: RoPE scaling in GGUF metadata ({', '.join(scaling)}) is not supported; "
+            "use the model's HF checkpoint"
         )
+    rope_freqs = None
     for t in reader.tensors:  # refuse before anything is allocated
         _check_type(t)
-        hf_name(t.name)
+        if t.name == ROPE_FREQS:
+            rope_freqs = t
+        else:
+            hf_name(t.name)
     cfg = AutoConfig.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path))
     cfg.architectures = [GGUF_ARCHITECTURES.get(cfg.model_type, GGUF_ARCHITECTURES[arch])]
     head_dim = _field(reader, f"{arch}.attention.key_length")  # not mapped by transformers for every arch
     if head_dim is not None:
         cfg.head_dim = int(head_dim)
+    if rope_freqs is not None:
+        _apply_rope_freqs(cfg, reader, arch, dequantize(rope_freqs))
     return cfg
+
+
+def _apply_rope_freqs(cfg, reader, arch: str, factors: torch.Tensor) -> None:
+    """Llama-3 RoPE scaling from ``rope_freqs.weight`` (see ``gguf_rope``) into ``cfg``."""
+    from octavo.models.gguf_rope import rope_parameters_from_factors
+
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    dim = int(_field(reader, f"{arch}.rope.dimension_count") or head_dim)
+    if dim != head_dim:
+        raise ValueError(f"GGUF rope_freqs.weight with a partial rotary dimension ({dim} of {head_dim}) is not supported")
+    base = float(_field(reader, f"{arch}.rope.freq_base") or 10000.0)
+    cfg.rope_parameters = rope_parameters_from_factors(factors.numpy(), base, dim)
 
 
 def hf_name(gguf_name: str) -> str:
@@ -141,6 +162,8 @@ def iter_gguf_tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
     n_head = int(_field(reader, f"{arch}.attention.head_count"))
     n_kv = int(_field(reader, f"{arch}.attention.head_count_kv") or n_head)
     for t in reader.tensors:
+        if t.name == ROPE_FREQS:  # read into the config (RoPE scaling), not a weight
+            continue
         name = hf_name(t.name)
         w = dequantize(t)
         if arch in _PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):

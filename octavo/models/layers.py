@@ -133,6 +133,9 @@ def compute_inv_freq(
         base = params["rope_theta"]
         dim = rotary_dim(hf_config, head_dim, layer_type)
         inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        factors = params.get("gguf_freq_factors")  # a GGUF's rope_freqs (models/gguf_rope.py)
+        if factors is not None:
+            inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float32)
         return inv_freq, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 

@@ -186,3 +186,54 @@ def test_streaming_load_peak_host_memory(fmt, tmp_path):
     assert r["growth"] <= shard_bytes + tensor_bytes + 24 * mib
     assert r["growth"] < r["model"] * 0.6  # far from holding the whole checkpoint at once
     np.testing.assert_array_less(0, r["model"])
+
+
+def _config_without_rope_scaling(src: str, dst) -> str:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg["rope_parameters"]["rope_theta"]}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def test_gguf_llama31_rope_freqs_become_the_llama3_config(checkpoints, tmp_path):
+    """llama.cpp writes Llama 3.1's RoPE scaling as the rope_freqs tensor only: octavo recovers
+    the llama3 parameters (computing RoPE as transformers does) and matches the safetensors."""
+    src = checkpoints["llama31"]
+    llm = LLM(str(write_gguf(src, tmp_path / "l31.gguf", "F32")), dtype="float32")
+    rope = llm.llm_engine.config.model_config.hf_config.rope_parameters
+    expected = json.loads(open(os.path.join(src, "config.json")).read())["rope_parameters"]
+    assert {k: rope[k] for k in expected} == expected
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == _greedy(src)
+    # The fixture exercises the scaling: the same weights without it answer differently.
+    plain = write_gguf(_config_without_rope_scaling(src, tmp_path / "plain"), tmp_path / "plain.gguf", "F32")
+    outs = LLM(str(plain), dtype="float32").generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] != _greedy(src)
+
+
+def test_gguf_rope_freqs_applied_directly_when_not_recoverable(checkpoints, tmp_path):
+    """A 16-wide head has one frequency in llama3's smoothing band: the parameters are not
+    determined, so each frequency is divided by its stored factor (as llama.cpp does)."""
+    src = checkpoints["llama"]
+    llm = LLM(str(write_gguf(src, tmp_path / "l3.gguf", "F32")), dtype="float32")
+    rope = llm.llm_engine.config.model_config.hf_config.rope_parameters
+    assert rope["rope_type"] == "default" and len(rope["gguf_freq_factors"]) == 8
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == _greedy(src)
+
+
+def test_gguf_rope_freqs_of_the_wrong_length_is_refused(checkpoints, tmp_path):
+    import gguf
+
+    from tests.fixtures import gguf_writer
+
+    real = gguf_writer.llama3_rope_freqs
+    try:
+        gguf_writer.llama3_rope_freqs = lambda rope, dim: np.ones(dim, dtype=np.float32)
+        path = write_gguf(checkpoints["llama"], tmp_path / "bad.gguf", "F32")
+    finally:
+        gguf_writer.llama3_rope_freqs = real
+    assert any(t.name == "rope_freqs.weight" for t in gguf.GGUFReader(str(path)).tensors)
+    with pytest.raises(ValueError, match="rope_freqs.weight has 16 factors; the model rotates 16 dimensions and needs 8"):
+        LLM(str(path), dtype="float32")
