@@ -101,14 +101,17 @@ def extend_block_hashes(
     block_size: int,
     cache_salt: str | None,
     hash_fn: HashFn,
+    kv_key: int | None = None,
 ) -> None:
     """Append the hashes of full blocks of ``token_ids`` not yet in ``block_hashes`` (in place).
 
-    ``cache_salt`` is an extra key of block 0 only; every later block depends on it through the
-    chain, so two tenants with different salts share no block at all.
+    ``cache_salt`` and ``kv_key`` (what besides the tokens determines the KV, e.g. the prompt
+    length for length-dependent RoPE) are extra keys of block 0 only; every later block depends
+    on them through the chain, so requests that differ in either share no block at all.
     """
     num_full = len(token_ids) // block_size
+    first = tuple(k for k in (cache_salt, kv_key) if k is not None)
     for i in range(len(block_hashes), num_full):
         parent = block_hashes[i - 1] if i > 0 else None
-        extra = (cache_salt,) if (i == 0 and cache_salt is not None) else ()
+        extra = first if i == 0 else ()
         block_hashes.append(hash_fn(parent, token_ids[i * block_size : (i + 1) * block_size], extra))

@@ -75,6 +75,7 @@ class KVCacheManager:
             self.block_size,
             request.cache_salt,
             self.hash_fn,
+            request.kv_key,
         )
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:

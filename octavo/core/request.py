@@ -85,6 +85,10 @@ class Request:
         self.arrival_seq = 0
         # Chained hashes of the full blocks of all_token_ids, filled by the KV cache manager.
         self.block_hashes: list = []
+        # What besides the tokens determined the KV this request holds or will compute (set by
+        # the scheduler at admission from the model's rule, e.g. length-dependent RoPE; None:
+        # the tokens alone). An extra key of the prefix-cache hash of block 0.
+        self.kv_key: int | None = None
         # Next prompt position whose logprobs have not been reported (prompt_logprobs only).
         self.next_prompt_logprob_pos = 1
         # Set by the engine when sampling_params.structured_outputs is: the grammar state

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from octavo.core.kv_cache_manager import KVCacheManager
@@ -94,8 +94,12 @@ class Scheduler:
         policy: str = "fcfs",
         long_prefill_token_threshold: int = 0,
         enable_chunked_prefill: bool = True,
+        kv_key_fn: Callable[[Request], int | None] | None = None,
     ) -> None:
+        """``kv_key_fn(req)``: what besides its tokens determines the KV a request computes now
+        (its ``kv_key``); None when the tokens alone do."""
         self.kv_cache_manager = kv_cache_manager
+        self.kv_key_fn = kv_key_fn
         self.block_size = kv_cache_manager.block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -185,15 +189,25 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.arrival_seq))
         return self.running[-1]
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request, count: bool = True) -> None:
         self.running.remove(req)
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_output_placeholders = 0
-        req.num_preemptions += 1
-        self.num_preemptions += 1
+        if count:
+            req.num_preemptions += 1
+            self.num_preemptions += 1
         self.waiting.prepend(req)
+
+    def _kv_key_changed(self, req: Request) -> bool:
+        return self.kv_key_fn is not None and self.kv_key_fn(req) != req.kv_key
+
+    def _set_kv_key(self, req: Request) -> None:
+        """Before admission: the key of the KV the request computes (its hashes follow it)."""
+        if self._kv_key_changed(req):
+            req.kv_key = self.kv_key_fn(req)
+            req.block_hashes = []
 
     def _at_length_limit(self, req: Request) -> bool:
         """The tokens in flight already reach ``max_tokens`` or the longest sequence."""
@@ -251,6 +265,15 @@ class Scheduler:
             if n <= 0 or (req.num_output_placeholders and self._at_length_limit(req)):
                 i += 1
                 continue
+            if self._kv_key_changed(req):
+                # Its KV no longer matches the model's rule (longrope switching for the whole
+                # sequence): recompute it, once the tokens in flight are known.
+                if not req.num_output_placeholders:
+                    self._preempt(req, count=False)
+                    plan.preempted.append(req)
+                else:
+                    i += 1
+                continue
             new_blocks = kv.allocate_slots(req, n)
             while new_blocks is None:
                 victim = self._pick_victim()
@@ -274,6 +297,7 @@ class Scheduler:
             if self._held_back(req) or self._waiting_for_grammar(req):
                 held.append(self.waiting.pop())
                 continue
+            self._set_kv_key(req)
             hits, num_hit = kv.get_computed_blocks(req)
             n = req.num_tokens - num_hit
             if self.enable_chunked_prefill:

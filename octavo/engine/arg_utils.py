@@ -367,5 +367,10 @@ class EngineArgs:
 
 def context_limit(hf_config: Any) -> int:
     """The longest context the checkpoint supports: its full context, also for sliding-window
-    models (the window is per layer, in attention)."""
-    return getattr(hf_config, "max_position_embeddings", None) or FALLBACK_MAX_MODEL_LEN
+    models (the window is per layer, in attention); dynamic NTK RoPE extends it by its factor."""
+    from octavo.models.length_rope import context_limit_factor
+
+    mpe = getattr(hf_config, "max_position_embeddings", None)
+    if not mpe:
+        return FALLBACK_MAX_MODEL_LEN
+    return int(mpe * context_limit_factor(hf_config))

@@ -50,6 +50,7 @@ class EngineCore:
             policy=sc.policy,
             long_prefill_token_threshold=sc.long_prefill_token_threshold,
             enable_chunked_prefill=sc.enable_chunked_prefill,
+            kv_key_fn=_kv_key_fn(config),
         )
         self.structured_outputs = _make_structured_output_manager(config)
         self.async_scheduling = sc.async_scheduling and self.executor.supports_async_scheduling
@@ -155,3 +156,14 @@ def _make_structured_output_manager(config: OctavoConfig):
     stop_ids = [e for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
     so = config.structured_outputs_config
     return StructuredOutputManager(load_tokenizer, mc.vocab_size, stop_ids, so.backend, so.reasoning_parser)
+
+
+def _kv_key_fn(config: OctavoConfig):
+    """The scheduler's ``kv_key_fn``: None unless the model's RoPE depends on the length."""
+    from octavo.models.length_rope import length_rope
+
+    mc = config.model_config
+    lr = length_rope(mc.hf_config, mc.max_model_len)
+    if lr is None:
+        return None
+    return lambda req: lr.kv_key(req.num_prompt_tokens, req.num_tokens + req.num_output_placeholders)

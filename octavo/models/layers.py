@@ -110,11 +110,9 @@ def _rope_parameters(hf_config, layer_type: str | None = None) -> dict:
     return out
 
 
-# RoPE types octavo computes exactly as transformers does. "longrope" (alias "su") only up to
-# ``original_max_position_embeddings``, where transformers uses the short factors: past it,
-# transformers switches factors with the length of each forward pass, which a paged batch
-# cannot reproduce. "dynamic" (NTK) rescales with the sequence length at run time: refused.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+# RoPE types octavo computes exactly as transformers does. "longrope" (alias "su") and
+# "dynamic" (NTK) depend on the sequence length as well: see ``models/length_rope.py``.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
 
 
 def rotary_dim(hf_config, head_dim: int, layer_type: str | None = None) -> int:
@@ -123,10 +121,10 @@ def rotary_dim(hf_config, head_dim: int, layer_type: str | None = None) -> int:
 
 
 def compute_inv_freq(
-    hf_config, head_dim: int, layer_type: str | None = None, max_position: int | None = None
+    hf_config, head_dim: int, layer_type: str | None = None, seq_len=None
 ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (of the rotated dimensions) and attention scaling, as transformers
-    computes them. ``max_position``: the longest context the engine serves."""
+    computes them for a forward over ``seq_len`` tokens (None: its initial value)."""
     params = _rope_parameters(hf_config, layer_type)
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
@@ -143,18 +141,41 @@ def compute_inv_freq(
         raise ValueError(
             f"rope_scaling type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
         )
-    if rope_type == "longrope":
-        orig = params.get("original_max_position_embeddings") or getattr(
-            hf_config, "original_max_position_embeddings", None
-        )
-        if orig is None or max_position is None or max_position > orig:
-            raise ValueError(
-                f"longrope RoPE scaling is supported up to original_max_position_embeddings ({orig}) "
-                f"tokens; pass --max-model-len {orig} (octavo was asked for {max_position})"
-            )
     kwargs = {"layer_type": layer_type} if layer_type is not None else {}
+    if seq_len is not None:
+        kwargs["seq_len"] = seq_len
     inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu", **kwargs)
     return inv_freq.float(), float(attention_scaling)
+
+
+def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype, device):
+    """transformers' cos/sin of ``positions`` ([N]) at ``inv_freq`` ([D/2] or [N, D/2])."""
+    freqs = positions.float()[:, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(dtype).to(device), (emb.sin() * scaling).to(dtype).to(device)
+
+
+def _rope_tables(hf_config, head_dim: int, max_position: int, dtype, layer_type: str | None):
+    """(cos, sin, per-length inverse frequencies or None); see ``RotaryEmbedding``."""
+    from octavo.models.length_rope import length_rope
+
+    device = torch.empty(0).device
+    pos = torch.arange(max_position, dtype=torch.int64, device="cpu")
+    lr = length_rope(hf_config, max_position) if layer_type is None else None
+    inv_freq, scaling = compute_inv_freq(hf_config, head_dim, layer_type)
+    cos, sin = _cos_sin(pos, inv_freq, scaling, dtype, device)
+    if lr is None:
+        return cos, sin, None
+    if lr.kind == "longrope":  # rows [max_position, 2 max_position): the long factors
+        long_freq, _ = compute_inv_freq(hf_config, head_dim, seq_len=lr.threshold + 1)
+        long_cos, long_sin = _cos_sin(pos, long_freq, scaling, dtype, device)
+        return torch.cat([cos, long_cos]), torch.cat([sin, long_sin]), None
+    # dynamic: row r holds the frequencies transformers uses for seq_len = threshold + r.
+    rows = [inv_freq] + [
+        compute_inv_freq(hf_config, head_dim, seq_len=torch.tensor(lr.threshold + r))[0]
+        for r in range(1, max(1, max_position - lr.threshold + 1))
+    ]
+    return cos, sin, torch.stack(rows).to(device)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -166,7 +187,13 @@ _ROPE_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style RoPE with a precomputed cos/sin table indexed by absolute position."""
+    """Neox-style RoPE with a precomputed cos/sin table indexed by absolute position.
+
+    For length-dependent RoPE (``models/length_rope.py``) ``forward`` takes rope keys in place
+    of positions: longrope keys index a table of twice ``max_position`` rows (short factors,
+    then long); dynamic keys select a row of per-length frequencies (``inv_freq_by_len``) and
+    cos/sin are computed per token.
+    """
 
     def __init__(
         self, hf_config, head_dim: int, max_position: int, dtype: torch.dtype, layer_type: str | None = None
@@ -178,34 +205,44 @@ class RotaryEmbedding(nn.Module):
         key = (
             repr(_rope_parameters(hf_config, layer_type)), getattr(hf_config, "max_position_embeddings", None),
             getattr(hf_config, "original_max_position_embeddings", None), head_dim, max_position, dtype, device,
+            layer_type,
         )
         tables = _ROPE_TABLES.get(key)
         if tables is None:
-            inv_freq, scaling = compute_inv_freq(hf_config, head_dim, layer_type, max_position)
-            pos = torch.arange(max_position, dtype=torch.int64, device="cpu").float()
-            freqs = pos[:, None] * inv_freq.cpu()[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            tables = ((emb.cos() * scaling).to(dtype).to(device), (emb.sin() * scaling).to(dtype).to(device))
+            tables = _rope_tables(hf_config, head_dim, max_position, dtype, layer_type)
             if len(_ROPE_TABLES) > 8:
                 _ROPE_TABLES.clear()
             _ROPE_TABLES[key] = tables
         self.register_buffer("cos", tables[0], persistent=False)
         self.register_buffer("sin", tables[1], persistent=False)
+        self.inv_freq_by_len = tables[2]
+        self.stride = max_position
+        self.scaling = compute_inv_freq(hf_config, head_dim, layer_type)[1] if tables[2] is not None else 1.0
+
+    def _tables(self, positions: torch.Tensor):
+        """(cos table, sin table, row of each token)."""
+        if self.inv_freq_by_len is None:
+            return self.cos, self.sin, positions
+        pos = positions % self.stride
+        inv = self.inv_freq_by_len.to(positions.device)[positions // self.stride]
+        cos, sin = _cos_sin(pos, inv, self.scaling, self.cos.dtype, self.cos.device)
+        return cos, sin, torch.arange(len(positions), device=positions.device)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """``q``: [T, H, D], ``k``: [T, Hk, D]; returns rotated copies (the first ``rotary_dim``
         dimensions rotated, the rest passed through, for a partial rotary factor)."""
-        rot = self.cos.shape[-1]
+        cos_t, sin_t, rows = self._tables(positions)
+        rot = cos_t.shape[-1]
         if rot != q.shape[-1]:
-            cos = self.cos[positions].unsqueeze(1)
-            sin = self.sin[positions].unsqueeze(1)
+            cos = cos_t[rows].unsqueeze(1)
+            sin = sin_t[rows].unsqueeze(1)
             q_rot, k_rot = q[..., :rot], k[..., :rot]
             q_rot = q_rot * cos + rotate_half(q_rot) * sin
             k_rot = k_rot * cos + rotate_half(k_rot) * sin
             return torch.cat([q_rot, q[..., rot:]], dim=-1), torch.cat([k_rot, k[..., rot:]], dim=-1)
         ops = _use_fused(fused_ops_of(self), q)
         if ops is not None:
-            return ops.rope(positions, q, k, self.cos, self.sin)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+            return ops.rope(rows, q, k, cos_t, sin_t)
+        cos = cos_t[rows].unsqueeze(1)
+        sin = sin_t[rows].unsqueeze(1)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin

@@ -58,6 +58,8 @@ class ModelRunner:
             mc.head_size, mc.dtype, config.cache_config.kv_cache_dtype, self.block_size
         )
         self.model = None
+        # Length-dependent RoPE (longrope, dynamic): the model takes rope keys for positions.
+        self.length_rope = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.input_batch = InputBatch(
@@ -76,6 +78,7 @@ class ModelRunner:
     # -- setup ----------------------------------------------------------------------------
     def load_model(self) -> None:
         from octavo.models.layers import bind_fused_ops
+        from octavo.models.length_rope import length_rope
         from octavo.models.loader import init_dummy_weights, load_weights
         from octavo.models.registry import resolve_architecture
 
@@ -95,6 +98,7 @@ class ModelRunner:
             load_weights(model, mc.model, mc.load_format)
         bind_fused_ops(model, self.platform.fused_op_kernels)
         self.model = model.eval()
+        self.length_rope = length_rope(mc.hf_config, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
 
     def model_bytes(self) -> int:
@@ -183,6 +187,8 @@ class ModelRunner:
         if has_pending.any():  # (token index in this step, index in the previous step's samples)
             fixup = (cu[has_pending] - 1, src[has_pending])
 
+        if self.length_rope is not None:  # what the model reads as positions: rope keys
+            positions = self.length_rope.keys(positions, batch.num_prompt_tokens[token_rows], known[req_idx])
         if self.step_buffers is not None:  # accelerator: pinned staging into persistent buffers
             pad = self.graph_runner.padded_size(len(rows), total, int(n.max())) if self.graph_runner else None
             md, inputs = self.step_buffers.stage(
