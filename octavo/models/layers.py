@@ -14,6 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.models.length_rope import length_rope
+from octavo.models.length_rope import rope_parameters_of as _rope_parameters
+
 FUSED_OPS_MODULES = {"triton": "octavo.models.fused_ops", "cpu": "octavo.models.cpu_fused_ops"}
 
 logger = logging.getLogger(__name__)
@@ -93,23 +96,6 @@ def silu_and_mul(gate_up: torch.Tensor, ops: ModuleType | None = None) -> torch.
     return F.silu(gate) * up
 
 
-def _rope_parameters(hf_config, layer_type: str | None = None) -> dict:
-    """RoPE parameters of a config (of one layer type, for configs that key them by type)."""
-    params = getattr(hf_config, "rope_parameters", None)
-    if params:
-        if layer_type is not None and isinstance(params.get(layer_type), dict):
-            return dict(params[layer_type])
-        return dict(params)
-    out = {"rope_type": "default", "rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
-    scaling = getattr(hf_config, "rope_scaling", None)
-    if scaling:
-        out.update(scaling)
-        out["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
-    if out.get("rope_type") == "su":
-        out["rope_type"] = "longrope"
-    return out
-
-
 # RoPE types octavo computes exactly as transformers does. "longrope" (alias "su") and
 # "dynamic" (NTK) depend on the sequence length as well: see ``models/length_rope.py``.
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
@@ -157,7 +143,6 @@ def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dt
 
 def _rope_tables(hf_config, head_dim: int, max_position: int, dtype, layer_type: str | None):
     """(cos, sin, per-length inverse frequencies or None); see ``RotaryEmbedding``."""
-    from octavo.models.length_rope import length_rope
 
     device = torch.empty(0).device
     pos = torch.arange(max_position, dtype=torch.int64, device="cpu")

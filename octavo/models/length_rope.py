@@ -71,9 +71,20 @@ class LengthRope:
 
 
 def rope_parameters_of(hf_config, layer_type: str | None = None) -> dict:
-    from octavo.models.layers import _rope_parameters
-
-    return _rope_parameters(hf_config, layer_type)
+    """RoPE parameters of a config (of one layer type, for configs that key them by type)."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if params:
+        if layer_type is not None and isinstance(params.get(layer_type), dict):
+            return dict(params[layer_type])
+        return dict(params)
+    out = {"rope_type": "default", "rope_theta": getattr(hf_config, "rope_theta", 10000.0)}
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if scaling:
+        out.update(scaling)
+        out["rope_type"] = scaling.get("rope_type", scaling.get("type", "default"))
+    if out.get("rope_type") == "su":
+        out["rope_type"] = "longrope"
+    return out
 
 
 def length_rope(hf_config, max_model_len: int) -> LengthRope | None:

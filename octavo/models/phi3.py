@@ -3,8 +3,8 @@
 Checkpoints store ``qkv_proj`` (q, k, v rows stacked) and ``gate_up_proj`` (gate rows, then
 up rows) as single tensors; they are split into the q/k/v and gate/up shards octavo's
 tensor-parallel layers load, so every rank still takes only its slice. RoPE: default,
-``longrope``/``su`` (up to ``original_max_position_embeddings``, see ``models/layers.py``) and a
-partial rotary factor (Phi-4-mini). ``sliding_window`` applies to every layer.
+``longrope``/``su`` to the full context, switching for the whole sequence as transformers'
+Phi-3 ``generate`` does (``models/length_rope.py``) and a partial rotary factor (Phi-4-mini). ``sliding_window`` applies to every layer.
 """
 
 from __future__ import annotations

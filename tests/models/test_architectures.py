@@ -102,3 +102,32 @@ def test_length_dependence_changes_the_reference(arch, checkpoints):
     prompt = random_prompts(512, [100], seed=5)[0]
     assert _fresh_hf_greedy(path, prompt, LONG_TOKENS) != _fresh_hf_greedy(
         path, prompt, LONG_TOKENS, rope_parameters=rope)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("enforce_eager", [False, True])
+@pytest.mark.parametrize("arch", ["phi3_longrope", "llama_longrope", "llama_dynamic"])
+def test_length_dependent_rope_on_gpu_matches_transformers(arch, enforce_eager, checkpoints, monkeypatch):
+    """fp32 on the GPU (Triton RoPE reading rope keys, captured decode graphs, async
+    scheduling with the Phi-3 restart waiting for tokens in flight): transformers' tokens."""
+    import torch
+
+    from octavo.platforms import reset_current_platform
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    path = checkpoints[arch]
+    monkeypatch.setenv("OCTAVO_PLATFORM", "cuda")
+    reset_current_platform()
+    try:
+        llm = LLM(path, dtype="float32", block_size=16, max_num_batched_tokens=40, max_num_seqs=3,
+                  enable_prefix_caching=True, enforce_eager=enforce_eager)
+        prompts = random_prompts(llm.llm_engine.config.model_config.vocab_size, THRESHOLD_LENGTHS, seed=5)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(temperature=0.0, max_tokens=LONG_TOKENS), use_tqdm=False)
+        assert (llm.llm_engine.core.runner.graph_runner is None) == enforce_eager
+    finally:
+        monkeypatch.delenv("OCTAVO_PLATFORM")
+        reset_current_platform()
+    expected = [_fresh_hf_greedy_cached(path, tuple(p), LONG_TOKENS) for p in prompts]
+    assert [o.outputs[0].token_ids for o in outs] == expected

@@ -82,7 +82,7 @@ MAX_TOKENS = 12
 # Every architecture, including sliding-window (32-token windows: the longer prompts cross
 # them), soft-capping (gemma2), per-type RoPE (gemma3), fused checkpoints + longrope (phi3).
 GPU_ARCHS = ["llama", "mistral", "qwen2", "qwen3", "mistral_sw", "qwen2_sw", "gemma2", "gemma3", "phi3", "phi3_partial"]
-ARCH_KWARGS = {"phi3": {"max_model_len": 1024}}  # longrope: exact up to its original context
+ARCH_KWARGS: dict[str, dict] = {}
 
 
 def _arch_kwargs(path) -> dict:
