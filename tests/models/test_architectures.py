@@ -58,7 +58,8 @@ def _fresh_hf_greedy(path: str, prompt: list[int], max_new_tokens: int, **change
     import torch
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **change).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", **change).eval()
     ids = torch.tensor([prompt])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
