@@ -54,9 +54,7 @@ class ModelRunner:
         self.dtype = mc.dtype
         self.block_size = config.cache_config.block_size
         self.max_model_len = mc.max_model_len
-        self.attn_backend, self.skipped_backends = platform.get_attn_backend(
-            mc.head_size, mc.dtype, config.cache_config.kv_cache_dtype, self.block_size
-        )
+        self.attn_backend, self.skipped_backends = self._choose_attn_backend()
         self.model = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
@@ -74,6 +72,13 @@ class ModelRunner:
         self._unresulted: list[StepHandle] = []
 
     # -- setup ----------------------------------------------------------------------------
+    def _choose_attn_backend(self) -> tuple[type, list]:
+        """(the platform's attention backend, the candidates it skipped and why)."""
+        mc = self.config.model_config
+        return self.platform.get_attn_backend(
+            mc.head_size, mc.dtype, self.config.cache_config.kv_cache_dtype, self.block_size
+        )
+
     def load_model(self) -> None:
         from octavo.models.layers import bind_fused_ops
         from octavo.models.loader import init_dummy_weights, load_weights
