@@ -37,6 +37,7 @@ from octavo.engine.model_files import (
 )
 from octavo.platforms import current_platform
 from octavo.quantization import resolve_quantization
+from octavo.utils.extras import require_extra
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +265,7 @@ class EngineArgs:
                 logger.info("%s is an ONNX export: --model-impl onnxruntime", model_dir)
         if impl != "onnxruntime":
             return impl
+        require_extra("onnx", "--model-impl onnxruntime", ("onnxruntime", "onnx"))
         require_onnx_export(model_dir)
         why = "ONNX Runtime runs the exported model as it is"
         for name, ok, rng in (

@@ -4,7 +4,8 @@ What is exported is what octavo runs: the model class of octavo's registry, buil
 checkpoint's ``config.json`` and filled by octavo's loader, with every layer (embeddings,
 norms, RoPE tables, MLPs, the LM head and its soft cap) unchanged; only the paged attention
 kernel is replaced by ``ExportAttentionImpl`` over explicit past/present tensors, and the fused
-CPU/GPU kernels are left unbound (plain torch ops export to plain ONNX ops).
+CPU/GPU kernels are left unbound (plain torch ops export to plain ONNX ops); mixture-of-experts
+layers run every expert densely (``export_experts``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from octavo.onnx.export_attention import ExportAttentionBackend, ExportStep
+from octavo.onnx.export_experts import use_dense_experts
 
 
 class ExportDecoder(nn.Module):
@@ -56,6 +58,7 @@ def load_octavo_model(model_dir: str, hf_config: Any, architecture: str, dtype: 
         torch.set_default_dtype(old)
     load_weights(model, model_dir, "auto")
     bind_fused_ops(model, "none")
+    use_dense_experts(model, dtype)
     return model.eval()
 
 
