@@ -18,6 +18,7 @@ import logging
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,9 @@ def _trace(decoder: torch.nn.Module, shape: ExportShape, dtype: torch.dtype, pat
     past = Dim("past_sequence_length", min=0, max=1 << 20)
     kv = tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers))
     dynamic = ({0: batch, 1: seq}, {0: batch, 1: Dim.AUTO}, {0: batch, 1: seq}, kv)
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # The exporter notes that axes sharing a Dim keep one name: that is the intent here.
+        warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")
         torch.onnx.export(
             decoder, inputs, str(path), input_names=shape.input_names(), output_names=shape.output_names(),
             dynamic_shapes=dynamic, dynamo=True, optimize=True, external_data=True, verbose=False,
@@ -137,7 +140,13 @@ def _quantize(proto, bits: int):
     gemm_to_matmul(proto)
     quantizer = MatMulNBitsQuantizer(proto, bits=bits, block_size=QUANT_BLOCK_SIZE, is_symmetric=True,
                                      accuracy_level=4)
-    quantizer.process()
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = log.level
+    log.setLevel(logging.WARNING)  # it logs every node it visits at INFO
+    try:
+        quantizer.process()
+    finally:
+        log.setLevel(level)
     return quantizer.model.model
 
 
