@@ -98,7 +98,7 @@ def export_onnx(model_dir: str, hf_config: Any, architecture: str, output: str, 
     shape = ExportShape.of(hf_config)
     with tempfile.TemporaryDirectory() as tmp:
         traced = Path(tmp) / MODEL_FILE
-        _trace(ExportDecoder(model, shape.num_layers), shape, EXPORT_DTYPES[dtype], traced)
+        _trace(ExportDecoder(model, shape.num_layers).eval(), shape, EXPORT_DTYPES[dtype], traced)
         del model
         proto = onnx.load(traced)
     name_total_length(proto)

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-
 # Measured: int8 0.990, int4 0.940 (onnxruntime 1.32, block 32, symmetric).
 FLOORS = {"int8": 0.97, "int4": 0.85}
 
