@@ -125,6 +125,8 @@ def _trace(decoder: torch.nn.Module, shape: ExportShape, dtype: torch.dtype, pat
     past = Dim("past_sequence_length", min=0, max=1 << 20)
     kv = tuple({0: batch, 2: past} for _ in range(2 * shape.num_layers))
     dynamic = ({0: batch, 1: seq}, {0: batch, 1: Dim.AUTO}, {0: batch, 1: seq}, kv)
+    # The exporter logs a warning per torchvision op it cannot register; octavo needs none.
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     with torch.no_grad(), warnings.catch_warnings():
         # The exporter notes that axes sharing a Dim keep one name: that is the intent here.
         warnings.filterwarnings("ignore", message=".*will not be used, since it shares the same shape")

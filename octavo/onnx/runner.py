@@ -79,18 +79,19 @@ class OnnxDecoder:
         qsl = md.query_start_loc_cpu
         n = np.diff(qsl)
         past = np.asarray(md.seq_lens_cpu, dtype=np.int64) - n
-        step = (input_ids.numpy(), positions.numpy(), md.slot_mapping.numpy(), md.block_table.numpy())
+        step = (input_ids.numpy(), positions.numpy(), md.slot_mapping.numpy())
+        block_table = md.block_table.numpy()
         logits = np.empty((len(step[0]), self.vocab_size), dtype=np.float32)
         decodes = np.nonzero(n == 1)[0]
         groups = ([decodes] if len(decodes) else []) + [np.array([i]) for i in np.nonzero(n > 1)[0]]
         for g in groups:
             tok = qsl[g][:, None] + np.arange(n[g[0]])  # [B, S] token indices; equal S per group
-            logits[tok.reshape(-1)] = self._run(tok, past[g], step, md.block_table.numpy()[g])
+            logits[tok.reshape(-1)] = self._run(tok, past[g], step, block_table[g])
         return torch.from_numpy(logits)
 
     def _run(self, tok: np.ndarray, past: np.ndarray, step: tuple, block_table: np.ndarray) -> np.ndarray:
         """One ONNX Runtime call for a group of requests (rows of ``tok``); returns [B*S, V]."""
-        ids, pos, slot_mapping, _ = step
+        ids, pos, slot_mapping = step
         b, s = tok.shape
         p = int(past.max())
         real_past = np.arange(p)[None, :] < past[:, None]

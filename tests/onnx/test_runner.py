@@ -93,3 +93,17 @@ def test_export_cli_writes_the_genai_layout(checkpoints, tmp_path):
     assert main(["export", "onnx", checkpoints["qwen2"], "--output", str(tmp_path / "x"),
                  "--dtype", "fp16", "--quantize", "int4"]) == 2
     shutil.rmtree(out)
+
+
+def test_fp16_export_runs_in_float16(checkpoints, tmp_path):
+    from octavo.engine.model_files import load_hf_config
+    from octavo.onnx.export import export_onnx
+
+    src = checkpoints["llama"]
+    hf_config, arch = load_hf_config(src)
+    out = export_onnx(src, hf_config, arch, str(tmp_path / "fp16"), "fp16", None, 256)
+    llm = LLM(str(out), max_model_len=128)
+    assert str(llm.llm_engine.config.model_config.dtype) == "torch.float16"
+    assert llm.llm_engine.core.runner.model.cache.dtype.itemsize == 2
+    res = llm.generate(["def f("], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    assert len(res[0].outputs[0].token_ids) == 12
