@@ -15,6 +15,7 @@ MatMul into ONNX Runtime's ``MatMulNBits`` with its own quantizer (block-wise, s
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -107,6 +108,7 @@ def export_onnx(model_dir: str, hf_config: Any, architecture: str, output: str, 
     out.mkdir(parents=True, exist_ok=True)
     onnx.save(proto, out / MODEL_FILE, save_as_external_data=True, all_tensors_to_one_file=True,
               location=MODEL_FILE + ".data", size_threshold=1024)
+    _readable(out / (MODEL_FILE + ".data"))
     _copy_carried_files(Path(model_dir), out)
     write_json(out / "genai_config.json", genai_config(hf_config, shape, context, model_dir))
     logger.info("exported %s (%s%s) to %s in %.1fs", architecture, dtype,
@@ -150,6 +152,14 @@ def _quantize(proto, bits: int):
     finally:
         log.setLevel(level)
     return quantizer.model.model
+
+
+def _readable(path: Path) -> None:
+    """onnx writes external data owner-only; give it the permissions of any new file."""
+    if path.exists():
+        umask = os.umask(0)
+        os.umask(umask)
+        path.chmod(0o666 & ~umask)
 
 
 def _copy_carried_files(src: Path, dst: Path) -> None:
