@@ -93,7 +93,7 @@ class ModelRunner:
             init_dummy_weights(model, seed=mc.seed)
         else:
             load_weights(model, mc.model, mc.load_format)
-        bind_fused_ops(model, self.platform.fused_op_kernels)
+        bind_fused_ops(model, self.platform.fused_op_kernels, self.platform.decode_gemv_policy())
         self.model = model.eval()
         self.load_seconds = time.perf_counter() - t0
 

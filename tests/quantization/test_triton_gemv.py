@@ -1,0 +1,125 @@
+"""The split-K decode GEMV (``octavo.quantization.kernels.triton_gemv``) against fp32 torch.
+
+Without a GPU the kernel runs under ``TRITON_INTERPRET=1`` on small, ragged shapes (every tile
+masked somewhere); the ``cuda``-marked tests run the Llama-3.1-8B linear shapes at batch 1-8,
+the load-time timing against cuBLAS, and a CUDA-graph capture of a split-K launch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from octavo.quantization.kernels import triton_gemv as g  # noqa: E402
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+# [N, K] of every Llama-3.1-8B linear: qkv, o, gate_up, down, lm_head.
+LLAMA8B = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref.double()).norm() / ref.double().norm())
+
+
+def check(n, k, m, cfg, dtype=torch.bfloat16, bias=True, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
+    w = torch.randn(n, k, generator=gen).to(dtype).to(DEVICE)
+    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if bias else None
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)
+    y = g.launch(x, w, n, k, cfg, out_dtype=dtype, bias=b, dot_dtype=dtype)
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert not torch.isnan(y).any()
+    # bf16 output rounding (the interpreter truncates, the GPU rounds to nearest)
+    assert rel_err(y, ref) < 8e-3, (cfg, m, rel_err(y, ref))
+
+
+INTERP_CONFIGS = [
+    g.GemvConfig(8, 64, 1, False), g.GemvConfig(8, 64, 3, False), g.GemvConfig(4, 128, 2, False),
+    g.GemvConfig(16, 32, 2, True), g.GemvConfig(32, 64, 1, True),
+]
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("cfg", INTERP_CONFIGS, ids=lambda c: c.describe())
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv_interpreted(cfg, m):
+    check(40, 200, m, cfg, bias=m != 3)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_gemv_fp16_and_zero_rows_interpreted():
+    check(24, 96, 2, g.GemvConfig(16, 32, 2, True), dtype=torch.float16)
+    x = torch.empty(0, 64, dtype=torch.bfloat16)
+    w = torch.randn(8, 64).bfloat16()
+    assert g.launch(x, w, 8, 64, g.GemvConfig(8, 64), out_dtype=torch.bfloat16).shape == (0, 8)
+
+
+def test_split_fills_the_gpu_and_keeps_whole_tiles():
+    """Every Llama-8B candidate covers K with whole tiles and gives >= 2 programs per SM
+    (or splits K down to 4 tiles per program)."""
+    for n, k in LLAMA8B:
+        for m in g.BATCH_BUCKETS:
+            cands = g.candidates(n, k, m, 132)
+            assert cands and len(set(cands)) == len(cands)
+            for cfg in cands:
+                per = g.split_extent(k, cfg)
+                assert per % cfg.block_k == 0 and per * cfg.split_k >= k
+                programs = -(-n // cfg.block_n) * cfg.split_k
+                assert programs >= 2 * 132 or k // cfg.split_k < 8 * cfg.block_k
+                assert cfg.use_dot == (m > 1)
+    assert [g.bucket(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("shape", LLAMA8B, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_gemv_llama8b_shapes_gpu(shape, m):
+    n, k = shape
+    for cfg in g.candidates(n, k, m, g.num_sms(torch.device("cuda"))):
+        check(n, k, m, cfg, bias=False, seed=m)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_ragged_and_bias_gpu(dtype):
+    for cfg in INTERP_CONFIGS + [g.GemvConfig(16, 512, 4, True, 8)]:
+        for m in (1, 5, 8):
+            check(1000, 1032, m, cfg, dtype=dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_split_k_launch_replays_in_a_cuda_graph():
+    n, k = 4096, 14336
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, k, device="cuda", dtype=torch.bfloat16)
+    cfg = g.GemvConfig(16, 256, 4, True)
+    g.launch(x, w, n, k, cfg, out_dtype=torch.bfloat16)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = g.launch(x, w, n, k, cfg, out_dtype=torch.bfloat16)
+    for seed in range(3):
+        x.copy_(torch.randn(2, k, device="cuda", generator=torch.Generator("cuda").manual_seed(seed)))
+        graph.replay()
+        assert rel_err(y, x.double() @ w.double().T) < 8e-3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_timing_keeps_cublas_unless_the_gemv_wins():
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    cfg, times = g.time_against_cublas(w, 1, g.num_sms(w.device))
+    assert "cublas" in times and len(times) > 1
+    if cfg is not None:
+        assert times[cfg.describe()] < times["cublas"]
