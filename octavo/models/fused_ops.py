@@ -37,7 +37,11 @@ def usable(x: torch.Tensor) -> bool:
 
 
 def _linear_types() -> tuple[type, ...]:
-    from octavo.distributed.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+    from octavo.distributed.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+    )
 
     return (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)  # + the LM head
 
