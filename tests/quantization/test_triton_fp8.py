@@ -33,15 +33,15 @@ def rel_err(y, ref) -> float:
 
 
 def make_weight(n, k, kind, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    w = (torch.randn(n, k, generator=gen) * 3).to(torch.float8_e4m3fn)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    w = (torch.randn(n, k, generator=gen, device=DEVICE) * 3).to(torch.float8_e4m3fn)
     if kind == "tensor":
-        s = torch.tensor(0.02)
+        s = torch.tensor(0.02, device=DEVICE)
     elif kind == "channel":
-        s = torch.rand(n, generator=gen) * 0.05 + 0.005
+        s = torch.rand(n, generator=gen, device=DEVICE) * 0.05 + 0.005
     else:
-        s = torch.rand(-(-n // 128), -(-k // 128), generator=gen) * 0.05 + 0.005
-    return w.to(DEVICE), s.to(DEVICE)
+        s = torch.rand(-(-n // 128), -(-k // 128), generator=gen, device=DEVICE) * 0.05 + 0.005
+    return w, s
 
 
 def dequant(w, s):
@@ -68,9 +68,9 @@ def check(n, k, m, kind, static, dtype=torch.bfloat16, seed=0, gemm=False):
     packed = f8.prepack_fp8(w, s)
     if gemm and not HAS_GPU:
         packed.scale_row = None  # no _scaled_mm off the GPU: the Triton tiles
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
-    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
+    b = torch.randn(n, generator=gen, device=DEVICE).to(dtype)
     in_scale = torch.tensor(0.02, device=DEVICE) if static else None
     xq, xs = f8.quantize_rows(x, in_scale)
     rq, rs = reference_rows(x, in_scale)

@@ -22,14 +22,14 @@ DEVICE = "cuda" if HAS_GPU else "cpu"
 
 
 def make(n, k, group, symmetric=False, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8)
-    scales = torch.rand(n, k // group, generator=gen) * 0.02 + 0.001
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8, device=DEVICE)
+    scales = torch.rand(n, k // group, generator=gen, device=DEVICE) * 0.02 + 0.001
     if symmetric:
-        zeros = torch.full((n, k // group), 8, dtype=torch.uint8)
+        zeros = torch.full((n, k // group), 8, dtype=torch.uint8, device=DEVICE)
     else:
-        zeros = torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.uint8)
-    return q.to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE)
+        zeros = torch.randint(0, 16, (n, k // group), generator=gen, dtype=torch.uint8, device=DEVICE)
+    return q, scales, zeros
 
 
 def dequant(q, scales, zeros, group):
@@ -40,9 +40,9 @@ def dequant(q, scales, zeros, group):
 def check(n, k, group, m, dtype, symmetric=False, bias=True, seed=0):
     q, s, z = make(n, k, group, symmetric, seed)
     packed = w4.prepack_w4a16(q, s, z, group)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
-    b = torch.randn(n, generator=gen).to(dtype).to(DEVICE) if bias else None
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
+    b = torch.randn(n, generator=gen, device=DEVICE).to(dtype) if bias else None
     ref = x.double() @ dequant(q, s, z, group).T + (b.double() if bias else 0)
     y = w4.w4a16_linear(x, packed, b)
     assert y.dtype == dtype and y.shape == (m, n)

@@ -59,12 +59,12 @@ def _scale_mode(weight: torch.Tensor, scale: torch.Tensor) -> int:
 def small_batch_config(n: int, k: int, m: int, scale_mode: int, sms: int) -> g.GemvConfig:
     """Tiles for an fp8 [N, K] weight at ``m`` rows (<= 8): half of bf16's bytes per element,
     so twice the K per tile for the same 128-bit loads; block scales cap a tile at 128 of K."""
-    if m == 1:
+    if scale_mode == g.SCALE_BLOCK:  # a tile stays inside one 128-wide scale block
+        bn, bk = 32, 128
+    elif m == 1:
         bn, bk = 8, 1024
     else:
         bn, bk = 16, 512
-    if scale_mode == g.SCALE_BLOCK:
-        bk = 128
     return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), m > 1, 4)
 
 

@@ -57,8 +57,8 @@ def tile_k(group: int, k: int, want: int) -> int:
 
 
 def _config(n: int, k: int, group: int, m: int, sms: int, fp32: bool) -> g.GemvConfig:
-    if m == 1 or fp32:
-        bn, bk, dot = 8, tile_k(group, k, 1024), False
+    if m == 1 or fp32:  # FMA tiles may span groups (a scale per 8-code word)
+        bn, bk, dot = 16, 1024, False
     elif m <= SMALL_BATCH:
         bn, bk, dot = 16, tile_k(group, k, 256), True
     else:
