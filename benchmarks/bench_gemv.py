@@ -248,6 +248,10 @@ def cmd_decode(args) -> dict:
         for mod in model.modules() if "_octavo_gemv" in mod.__dict__
     }
     log("choices", json.dumps(r["gemv_choices"]))
+    if runner.graph_runner is None:
+        r["error"] = "no CUDA graphs captured"
+        result(r)
+        return r
     bc._timed_generate(llm, bc.random_prompts(1, bc.PROMPT_LEN, vocab, 98), 8)
     graphs = {True: runner.graph_runner}
     fused_ops.GEMV_ENABLED = False

@@ -18,6 +18,8 @@ if not HAS_GPU:
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+
 from octavo.quantization.kernels import triton_gemv as g  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -65,8 +67,8 @@ def test_gemv_fp16_and_zero_rows_interpreted():
 
 
 def test_split_fills_the_gpu_and_keeps_whole_tiles():
-    """Every Llama-8B candidate covers K with whole tiles and gives >= 2 programs per SM
-    (or splits K down to 4 tiles per program)."""
+    """Every Llama-8B candidate covers K with whole tiles; the table default (and at least one
+    candidate) gives >= 2 programs per SM or splits K down to 4 tiles per program."""
     for n, k in LLAMA8B:
         for m in g.BATCH_BUCKETS:
             cands = g.candidates(n, k, m, 132)
@@ -74,9 +76,11 @@ def test_split_fills_the_gpu_and_keeps_whole_tiles():
             for cfg in cands:
                 per = g.split_extent(k, cfg)
                 assert per % cfg.block_k == 0 and per * cfg.split_k >= k
-                programs = -(-n // cfg.block_n) * cfg.split_k
-                assert programs >= 2 * 132 or k // cfg.split_k < 8 * cfg.block_k
                 assert cfg.use_dot == (m > 1)
+            # at least one candidate fills the GPU (>= 2 programs per SM, or K split to 4 tiles)
+            assert any(-(-n // c.block_n) * c.split_k >= 2 * 132 or k // c.split_k < 8 * c.block_k for c in cands)
+            d = g.default_config(n, k, m, 132)
+            assert -(-n // d.block_n) * d.split_k >= 2 * 132 or k // d.split_k < 8 * d.block_k
     assert [g.bucket(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
 
 
@@ -122,3 +126,61 @@ def test_timing_keeps_cublas_unless_the_gemv_wins():
     assert "cublas" in times and len(times) > 1
     if cfg is not None:
         assert times[cfg.describe()] < times["cublas"]
+
+
+def _compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int = 4):
+    """Compile a jitted kernel ahead of time for an H100/H200 (no GPU needed: Triton's own
+    front end, MLIR passes and ptxas); returns the PTX."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = fn.arg_names
+    sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    # Pointers, sizes and strides divisible by 16, as Llama-shaped launches specialise them
+    # (M, the batch, is not).
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in signature if a != "M"}
+    src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps}).asm["ptx"]
+
+
+def check_sm90_variants() -> None:
+    """Every weight format on both inner products compiles for sm_90, and the weight loads are
+    128-bit (``ld.global.v4``) or asynchronous 16-byte copies into shared memory (the dot)."""
+    import triton.language as tl
+
+    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*bf16", "ws_ptr": "*fp32", "wz_ptr": "*fp32",
+           "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32"}
+    sig.update(dict.fromkeys(["M", "N", "K", "k_per_split", "p_per_split", "stride_xm", "stride_wn",
+                              "stride_sn", "stride_om"], "i32"))
+    cases = [  # (x, w, WFMT, SCALE_MODE, GROUP, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
+        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, False, 1, 8, 512),
+        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, True, 16, 16, 256),
+        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, False, 1, 8, 1024),
+        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_BLOCK, 128, True, 16, 32, 128),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 16, 1024),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 32, True, 16, 128, 32),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, True, 16, 32, 128),
+    ]
+    for xt, wt, wfmt, mode, group, dot, bm, bn, bk in cases:
+        ptx = _compile_sm90(g._gemv_kernel, {**sig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
+            WFMT=wfmt, SCALE_MODE=mode, GROUP=group, X_SCALED=wfmt == g.WFMT_FP8, HAS_BIAS=True,
+            WRITE_OUT=True, USE_DOT=dot, DOT_DTYPE=tl.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+            EVEN_K=True,
+        ))
+        assert ("cp.async.cg.shared.global" in ptx) if dot else ("ld.global.v4.b32" in ptx), (wfmt, mode, dot)
+
+
+def test_gemv_variants_compile_for_sm90_with_vector_loads():
+    """``check_sm90_variants`` in a fresh process with the interpreter off (AOT compilation
+    needs the real JIT functions, which ``TRITON_INTERPRET=1`` replaces)."""
+    import subprocess
+    import sys
+
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except Exception as e:  # a Triton build without the NVIDIA backend
+        pytest.skip(f"no NVIDIA backend in this Triton: {e}")
+    code = "from tests.quantization.test_triton_gemv import check_sm90_variants as c; c()"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]

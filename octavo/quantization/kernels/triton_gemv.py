@@ -268,22 +268,26 @@ def pick_split(n: int, k: int, block_n: int, block_k: int, sms: int, waves: int 
 
 
 def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
-    """A short list of tile shapes worth timing for a bf16/fp16 [N, K] weight at batch ``m``."""
+    """A short list of tile shapes worth timing for a bf16/fp16 [N, K] weight at batch ``m``:
+    without a K split where the rows alone give enough programs (no second launch), and with
+    the split that fills the GPU."""
     out = []
     if m == 1:
-        for bn, bk, warps in ((8, 512, 4), (16, 256, 4), (4, 1024, 4)):
-            out.append(GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), False, warps))
-        bn, bk = 8, 512
-        out.append(GemvConfig(bn, bk, 2 * pick_split(n, k, bn, bk, sms), False, 4))
+        for bn, bk in ((8, 512), (4, 512), (4, 1024)):
+            out.append(GemvConfig(bn, bk, 1, False, 4))
+        for bn, bk in ((8, 512), (16, 256)):
+            out.append(GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), False, 4))
     else:
         for bn, bk, warps in ((16, 256, 4), (32, 128, 4), (16, 512, 8)):
             out.append(GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), True, warps))
+        out.append(GemvConfig(16, 256, 1, True, 4))
     return list(dict.fromkeys(out))
 
 
 def default_config(n: int, k: int, m: int, sms: int) -> GemvConfig:
-    """The table choice when nothing was timed: the first candidate."""
-    return candidates(n, k, m, sms)[0]
+    """The table choice when nothing was timed: the split that fills the GPU."""
+    bn, bk, dot = (8, 512, False) if m == 1 else (16, 256, True)
+    return GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), dot, 4)
 
 
 BATCH_BUCKETS = (1, 2, 4, 8)

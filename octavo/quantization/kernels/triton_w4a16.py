@@ -59,8 +59,9 @@ def tile_k(group: int, k: int, want: int) -> int:
 def _config(n: int, k: int, group: int, m: int, sms: int, fp32: bool) -> g.GemvConfig:
     if m == 1 or fp32:  # FMA tiles may span groups (a scale per 8-code word)
         bn, bk, dot = 16, 1024, False
-    elif m <= SMALL_BATCH:
-        bn, bk, dot = 16, tile_k(group, k, 256), True
+    elif m <= SMALL_BATCH:  # one group per dot tile: small groups take more rows per tile
+        bk = tile_k(group, k, 256)
+        bn, dot = min(128, max(16, 4096 // bk)), True  # 512 words: 16 bytes per thread
     else:
         return g.GemvConfig(64, tile_k(group, k, 64), 1, True, 4)
     return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), dot, 4)
