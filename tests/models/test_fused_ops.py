@@ -92,13 +92,12 @@ def test_fused_ops_gpu(dtype):
 def _linears(device, dtype, shapes=((96, 64), (64, 96))):
     from octavo.distributed.layers import ColumnParallelLinear, RowParallelLinear
 
-    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
     col = ColumnParallelLinear(shapes[0][1], {None: (shapes[0][0], 0)}, bias=True)
     row = RowParallelLinear(shapes[1][1], shapes[1][0], bias=False)
-    model = torch.nn.Sequential(col, row).to(device=device, dtype=dtype)
-    for p in model.parameters():
-        p.data.normal_()
-    return model
+    for p in (*col.parameters(), *row.parameters()):
+        p.data.copy_(torch.randn(p.shape, generator=gen))
+    return torch.nn.Sequential(col, row).to(device=device, dtype=dtype)
 
 
 def _check_gemv_linears(model, policy, rows=(1, 3, 8)):
@@ -106,10 +105,12 @@ def _check_gemv_linears(model, policy, rows=(1, 3, 8)):
 
     choices = fused_ops.select_linear_kernels(model, policy)
     assert len(choices) == len(model)
+    gen = torch.Generator(device=model[0].weight.device).manual_seed(1)
     with torch.inference_mode():
         for layer in model:
             for m in rows:
-                x = torch.randn(m, layer.weight.shape[1], device=layer.weight.device).to(layer.weight.dtype)
+                x = torch.randn(m, layer.weight.shape[1], device=layer.weight.device, generator=gen)
+                x = x.to(layer.weight.dtype)
                 ref = torch.nn.functional.linear(x.double(), layer.weight.double(),
                                                  None if layer.bias is None else layer.bias.double())
                 y = fused_ops.linear(layer, x) if fused_ops.linear_usable(layer, x) else layer(x)
