@@ -182,6 +182,7 @@ def cmd_linears(args) -> dict:
                 }
             torch.cuda.empty_cache()
         _ratios(rows)
+        result(r)  # cumulative: a timeout later still leaves every finished linear
         log(name, json.dumps({meth: {m: round(v.get("s", float("nan")) * 1e6, 1) for m, v in d.items()}
                               for meth, d in rows["methods"].items()}))
     r["per_token"] = _per_token(r)
@@ -281,6 +282,8 @@ def _decode_modes(llm, runner, graphs, vocab, r, reps) -> None:
         key = "gemv_on" if on else "gemv_off"
         r[f"device_step_b1_{key}_s"] = bc._device_step_time(llm, iters=50, gr=graphs[on])
         log(f"{key}: device step {r[f'device_step_b1_{key}_s'] * 1e3:.3f} ms")
+    _rooflines(r, runner)
+    result(r)
     samples: dict = {True: [], False: []}
     for rep in range(reps):
         for on in (True, False):
@@ -314,28 +317,48 @@ def _rooflines(r: dict, runner) -> None:
     r["roofline_streamed_step_s"] = (streamed + kv_per_token * ctx_step) / bw
     r["roofline_streamed_tpot_s"] = (streamed + kv_per_token * ctx_tpot) / bw
     r["roofline_all_weights_s"] = r["weight_bytes"] / bw
-    for on in ("gemv_on", "gemv_off"):
-        r[f"device_step_{on}_vs_streamed_roofline"] = r[f"device_step_b1_{on}_s"] / r["roofline_streamed_step_s"]
-        r[f"tpot_{on}_vs_streamed_roofline"] = r[f"tpot_b1_{on}_s"] / r["roofline_streamed_tpot_s"]
-        r[f"tpot_{on}_vs_all_weights_roofline"] = r[f"tpot_b1_{on}_s"] / r["roofline_all_weights_s"]
+    for on in ("gemv_on", "gemv_off"):  # whatever has been measured so far
+        if f"device_step_b1_{on}_s" in r:
+            r[f"device_step_{on}_vs_streamed_roofline"] = r[f"device_step_b1_{on}_s"] / r["roofline_streamed_step_s"]
+        if f"tpot_b1_{on}_s" in r:
+            r[f"tpot_{on}_vs_streamed_roofline"] = r[f"tpot_b1_{on}_s"] / r["roofline_streamed_tpot_s"]
+            r[f"tpot_{on}_vs_all_weights_roofline"] = r[f"tpot_b1_{on}_s"] / r["roofline_all_weights_s"]
     r["context_tokens_device_step"] = ctx_step
     log(json.dumps({k: v for k, v in r.items() if "roofline" in k or k.startswith("tpot_b1_gemv_o")}))
 
 
+def _last_result(stdout: str) -> dict | None:
+    found = None
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            found = json.loads(line[7:])
+    return found
+
+
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
 def _sub(argv: list[str], timeout: float, logf) -> dict | None:
+    """Run one subcommand in its own process; its last (cumulative) RESULT, even on timeout."""
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
     log("+", " ".join(cmd))
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        logf.write(f"=== {argv[0]}: TIMEOUT after {timeout}s\n{e.stdout or ''}\n{e.stderr or ''}\n")
-        return {"error": f"timeout after {timeout}s"}
+        out, err = _text(e.stdout), _text(e.stderr)
+        logf.write(f"=== {argv[0]}: TIMEOUT after {timeout}s\n{out}\n{err}\n")
+        logf.flush()
+        res = _last_result(out) or {}
+        res["error"] = f"timeout after {timeout}s (partial results)"
+        return res
     logf.write(f"=== {argv[0]} rc={p.returncode}\n{p.stdout}\n{p.stderr}\n")
     logf.flush()
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": f"rc={p.returncode}", "stderr_tail": p.stderr[-2000:]}
+    res = _last_result(p.stdout)
+    if res is None or p.returncode:
+        res = res or {}
+        res.update(error=f"rc={p.returncode}", stderr_tail=p.stderr[-2000:])
+    return res
 
 
 def cmd_all(args) -> dict:
