@@ -10,7 +10,8 @@ plain torch path. Set ``ENABLED = False`` to compare against eager.
 Linears: ``select_linear_kernels`` runs once at load (the platform's ``decode_gemv_policy``):
 for each distinct weight shape and batch bucket 1/2/4/8 it times cuBLAS against a few split-K
 GEMV tilings (``octavo.quantization.kernels.triton_gemv``) and keeps the GEMV only where it wins
-("auto"), or takes the table's tiling without timing ("table"). ``linear_usable`` then answers
+("auto"; weights under 1 MiB keep cuBLAS untimed; choices are kept for the process), or takes
+the table's tiling without timing ("table"). ``linear_usable`` then answers
 per call from that choice; captured decode graphs record whichever kernel was chosen. Set
 ``GEMV_ENABLED = False`` to compare against cuBLAS (recapture the graphs after flipping it).
 """
@@ -46,18 +47,33 @@ def _linear_types() -> tuple[type, ...]:
     return (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)  # + the LM head
 
 
+# Weights smaller than this keep cuBLAS under "auto" without timing: a launch, not the bytes,
+# is their cost, and timing them would only slow the start of small models.
+AUTO_MIN_WEIGHT_BYTES = 1 << 20
+# (N, K, dtype, device, policy) -> choice, kept for the process: engines started again (tests,
+# benchmarks) on the same GPU reuse the timings.
+_CHOICES: dict[tuple, dict] = {}
+
+
 def _choose(weight: torch.Tensor, policy: str) -> dict:
     """Batch bucket -> GemvConfig (or None: cuBLAS) for one weight shape, and the timings."""
     from octavo.quantization.kernels import triton_gemv as g
 
+    key = (*weight.shape, weight.dtype, str(weight.device), policy)
+    if key in _CHOICES:
+        return _CHOICES[key]
     sms = g.num_sms(weight.device)
     table, times = {}, {}
+    small = weight.numel() * weight.element_size() < AUTO_MIN_WEIGHT_BYTES
     for m in g.BATCH_BUCKETS:
-        if policy == "auto":
+        if policy == "auto" and small:
+            table[m] = None
+        elif policy == "auto":
             table[m], times[m] = g.time_against_cublas(weight, m, sms)
         else:
             table[m] = g.default_config(*weight.shape, m, sms)
-    return {"table": table, "times": times}
+    _CHOICES[key] = {"table": table, "times": times}
+    return _CHOICES[key]
 
 
 def select_linear_kernels(model: torch.nn.Module, policy: str) -> dict:
