@@ -30,6 +30,9 @@ class ModelConfig:
     sampling_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
     # The quantization method in effect (octavo.quantization); None for unquantized weights.
     quantization: str | None = None
+    # What runs the model (``--model-impl``): "octavo" (its torch models) or "onnxruntime"
+    # (a folder written by ``octavo export onnx``, run by ONNX Runtime).
+    model_impl: str = "octavo"
 
     @property
     def vocab_size(self) -> int:

@@ -56,6 +56,10 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _str("OCTAVO_CPU_THREADS_BIND", "auto"),
         "CPU compute-thread placement: auto (one per physical core), a core list like 0-3, or none.",
     ),
+    "OCTAVO_DECODE_GEMV": (
+        _str("OCTAVO_DECODE_GEMV", None),
+        "GPU linears at batch <= 8: auto (time the Triton GEMV against cuBLAS at load), table, or off.",
+    ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),
         "Run the engine core inside the API process (debugging).",

@@ -37,6 +37,7 @@ from octavo.engine.model_files import (
 )
 from octavo.platforms import current_platform
 from octavo.quantization import resolve_quantization
+from octavo.utils.extras import require_extra
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ STR_DTYPES = {
 
 # --load-format values (vLLM's names): auto picks safetensors, then pt (.bin), or gguf for a .gguf file.
 LOAD_FORMATS = ("auto", "safetensors", "pt", "gguf", "dummy")
+
+# --model-impl values: vLLM's flag, with octavo's own torch models and ONNX Runtime as the choices.
+MODEL_IMPLS = ("auto", "octavo", "onnxruntime")
 
 # Context length assumed when config.json names none (vLLM's fallback too).
 FALLBACK_MAX_MODEL_LEN = 2048
@@ -128,6 +132,8 @@ class EngineArgs:
     """auto: default sampling parameters from the model's generation_config.json; vllm or none: ignore it; or a folder holding one."""
     quantization: str | None = None
     """Quantization method (vLLM's names). Default: the checkpoint's quantization_config, if any. A method octavo cannot run is refused at load, never silently ignored."""
+    model_impl: str = "auto"
+    """What runs the model: octavo (its own torch models), onnxruntime (a folder written by `octavo export onnx`, on the CPU), or auto (onnxruntime for such a folder, else octavo)."""
     trust_remote_code: bool = False
     """Accepted for vLLM compatibility; octavo never runs a checkpoint's own Python code, so setting it is an error."""
     structured_outputs_config: str | dict | None = None
@@ -153,6 +159,7 @@ class EngineArgs:
             raise ValueError(f"{flag('served_model_name')} must be non-empty names; got {self.served_model_name!r}")
         _check(self.dtype in ("auto", *STR_DTYPES), "dtype", f"auto or one of {sorted(STR_DTYPES)}", self.dtype)
         _check(self.load_format in LOAD_FORMATS, "load_format", ", ".join(LOAD_FORMATS), self.load_format)
+        _check(self.model_impl in MODEL_IMPLS, "model_impl", ", ".join(MODEL_IMPLS), self.model_impl)
         if self.max_model_len is not None:
             _check(self.max_model_len >= 1, "max_model_len", ">= 1", self.max_model_len)
         if self.block_size is not None:
@@ -231,19 +238,61 @@ class EngineArgs:
         model_dir = resolve_model_path(self.model, self.revision, self.download_dir)
         hf_config, arch = load_hf_config(model_dir)
         self._check_experts(hf_config, arch)
+        impl = self._model_impl(model_dir)
         return ModelConfig(
             model=model_dir,
             tokenizer=resolve_tokenizer_path(self.tokenizer, model_dir, self.tokenizer_revision, self.download_dir),
             architecture=arch,
-            dtype=self._dtype(hf_config),
+            dtype=self._onnx_dtype(model_dir) if impl == "onnxruntime" else self._dtype(hf_config),
             max_model_len=self._max_model_len(hf_config),
             seed=self.seed,
             load_format=self.load_format,
             served_model_name=(self.served_model_names() or [self.model or "octavo-default"])[0],
             hf_config=hf_config,
             sampling_defaults=self._sampling_defaults(model_dir),
-            quantization=self._quantization(hf_config, arch),
+            quantization=None if impl == "onnxruntime" else self._quantization(hf_config, arch),
+            model_impl=impl,
         )
+
+    def _model_impl(self, model_dir: str) -> str:
+        """``--model-impl`` resolved; ``onnxruntime`` checked against every other flag."""
+        from octavo.onnx.model_dir import is_onnx_export, require_onnx_export
+
+        impl = self.model_impl
+        if impl == "auto":
+            impl = "onnxruntime" if is_onnx_export(model_dir) else "octavo"
+            if impl == "onnxruntime":
+                logger.info("%s is an ONNX export: --model-impl onnxruntime", model_dir)
+        if impl != "onnxruntime":
+            return impl
+        require_extra("onnx", "--model-impl onnxruntime", ("onnxruntime", "onnx"))
+        require_onnx_export(model_dir)
+        why = "ONNX Runtime runs the exported model as it is"
+        for name, ok, rng in (
+            ("quantization", self.quantization is None, f"unset ({why}: quantize at export, --quantize int4|int8)"),
+            ("load_format", self.load_format == "auto", f"auto ({why})"),
+            ("kv_cache_dtype", self.kv_cache_dtype == "auto", f"auto ({why}: the export's dtype)"),
+            ("tensor_parallel_size", self.tensor_parallel_size == 1, "1 with --model-impl onnxruntime"),
+        ):
+            _check(ok, name, rng, getattr(self, name))
+        if not current_platform.device_is_host():
+            raise ValueError(
+                f"--model-impl onnxruntime runs on the CPU platform (ONNX Runtime's CPU execution "
+                f"provider), not {current_platform.name}; set OCTAVO_PLATFORM=cpu"
+            )
+        return impl
+
+    def _onnx_dtype(self, model_dir: str) -> torch.dtype:
+        """The exported model's dtype; an explicit ``--dtype`` must name it."""
+        from octavo.onnx.model_dir import export_kv_dtype
+
+        dtype = export_kv_dtype(model_dir)
+        if self.dtype != "auto" and STR_DTYPES[self.dtype] != dtype:
+            raise ValueError(
+                f"{flag('dtype')} {self.dtype}: the ONNX model in {model_dir} was exported as "
+                f"{str(dtype).removeprefix('torch.')}; drop --dtype or export again with another --dtype"
+            )
+        return dtype
 
     def _quantization(self, hf_config: Any, arch: str) -> str | None:
         """The method in effect; a method octavo cannot honour is refused here, at load."""

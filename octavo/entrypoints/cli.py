@@ -1,4 +1,4 @@
-"""The ``octavo`` command: ``generate``, ``info``, ``bench``, ``serve``.
+"""The ``octavo`` command: ``generate``, ``info``, ``bench``, ``serve``, ``export``.
 
 Building the parser imports no torch (``octavo --help`` answers at once): engine flags come
 from ``engine_cli``, which reads ``EngineArgs`` from source. Every command checks its flags
@@ -139,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(func=_cmd_info)
     _add_bench_parser(sub)
     _add_serve_parser(sub)
+    from octavo.entrypoints.export_cli import add_export_parser
+
+    add_export_parser(sub)
     return parser
 
 

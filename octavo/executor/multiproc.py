@@ -78,6 +78,7 @@ def engine_args_dict(config: OctavoConfig) -> dict:
         enable_expert_parallel=pc.enable_expert_parallel,
         enforce_eager=config.enforce_eager,
         quantization=mc.quantization, prefix_caching_hash_algo=cc.prefix_caching_hash_algo,
+        model_impl=mc.model_impl,
     )
 
 

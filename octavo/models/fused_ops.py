@@ -1,19 +1,35 @@
-"""Fused GPU versions of the small per-layer ops: RMSNorm(+residual), SiLU·mul, RoPE.
+"""Fused GPU versions of the small per-layer ops: RMSNorm(+residual), SiLU·mul, RoPE; and the
+decode GEMV that replaces cuBLAS on bf16/fp16 linears at batch <= 8 where it is faster.
 
 Each is one Triton launch where eager torch takes several, and each rounds exactly where the
 eager op in ``layers.py`` rounds (to the model dtype between the same steps), so bf16/fp16
 results match eager torch up to float32 reduction order. ``layers.py`` calls these for
 models the CUDA/ROCm platforms bound them to, when triton imports; CPU runs (and the fp32 HF-equivalence tests) keep the
 plain torch path. Set ``ENABLED = False`` to compare against eager.
+
+Linears: ``select_linear_kernels`` runs once at load (the platform's ``decode_gemv_policy``):
+for each distinct weight shape and batch bucket 1/2/4/8 it times cuBLAS against a few split-K
+GEMV tilings (``octavo.quantization.kernels.triton_gemv``) and keeps the GEMV only where it wins
+("auto"; weights under 1 MiB keep cuBLAS untimed; choices are kept for the process), or takes
+the table's tiling without timing ("table"). ``linear_usable`` then answers
+per call from that choice; captured decode graphs record whichever kernel was chosen. Set
+``GEMV_ENABLED = False`` to compare against cuBLAS (recapture the graphs after flipping it).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 import triton
 import triton.language as tl
 
 ENABLED = True
+GEMV_ENABLED = True
+GEMV_MAX_ROWS = 8
+_GEMV_DTYPES = (torch.bfloat16, torch.float16)
+
+logger = logging.getLogger(__name__)
 
 
 def usable(x: torch.Tensor) -> bool:
@@ -21,9 +37,103 @@ def usable(x: torch.Tensor) -> bool:
     return ENABLED
 
 
+def _linear_types() -> tuple[type, ...]:
+    from octavo.distributed.layers import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+    )
+
+    return (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)  # + the LM head
+
+
+# Weights smaller than this keep cuBLAS under "auto" without timing: a launch, not the bytes,
+# is their cost, and timing them would only slow the start of small models.
+AUTO_MIN_WEIGHT_BYTES = 1 << 20
+# (N, K, dtype, device, policy) -> choice, kept for the process: engines started again (tests,
+# benchmarks) on the same GPU reuse the timings.
+_CHOICES: dict[tuple, dict] = {}
+
+
+def _choose(weight: torch.Tensor, policy: str) -> dict:
+    """Batch bucket -> GemvConfig (or None: cuBLAS) for one weight shape, and the timings."""
+    from octavo.quantization.kernels import triton_gemv as g
+
+    key = (*weight.shape, weight.dtype, str(weight.device), policy)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    sms = g.num_sms(weight.device)
+    table, times = {}, {}
+    small = weight.numel() * weight.element_size() < AUTO_MIN_WEIGHT_BYTES
+    for m in g.BATCH_BUCKETS:
+        if policy == "auto" and small:
+            table[m] = None
+        elif policy == "auto":
+            table[m], times[m] = g.time_against_cublas(weight, m, sms)
+        else:
+            table[m] = g.default_config(*weight.shape, m, sms)
+    _CHOICES[key] = {"table": table, "times": times}
+    return _CHOICES[key]
+
+
+def select_linear_kernels(model: torch.nn.Module, policy: str) -> dict:
+    """Choose, once at load, cuBLAS or a GEMV tiling per linear weight shape and batch bucket.
+
+    ``policy``: "auto" (time both on the device), "table" (the GEMV's default tiling) or
+    "off". Returns ``{(N, K, dtype): {"table": {bucket: cfg | None}, "times": ...}}``; each
+    linear module keeps its shape's table (``linear_usable`` reads it).
+    """
+    if policy not in ("auto", "table", "off"):
+        raise ValueError(f"decode GEMV policy {policy!r}: expected auto, table or off")
+    choices: dict = {}
+    if policy == "off":
+        return choices
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if not isinstance(module, _linear_types()) or w is None or w.dim() != 2 or w.dtype not in _GEMV_DTYPES:
+            continue
+        key = (*w.shape, w.dtype)
+        if key not in choices:
+            with torch.no_grad():
+                choices[key] = _choose(w.detach(), policy)
+            picked = {m: (c.describe() if c else "cublas") for m, c in choices[key]["table"].items()}
+            logger.info("decode GEMV for [%d, %d] %s (%s): %s", *w.shape, w.dtype, policy, picked)
+        module.__dict__["_octavo_gemv"] = choices[key]["table"]
+    return choices
+
+
+def _gemv_config(layer, x: torch.Tensor):
+    table = layer.__dict__.get("_octavo_gemv")
+    if table is None or not GEMV_ENABLED or x.dtype != layer.weight.dtype:
+        return None
+    rows = x.numel() // max(1, x.shape[-1])
+    if rows > GEMV_MAX_ROWS or (x.requires_grad and torch.is_grad_enabled()):
+        return None
+    tp = getattr(layer, "tp", None)
+    if tp is not None and tp.world_size > 1:  # row-parallel / vocab-parallel: torch path reduces
+        return None
+    from octavo.quantization.kernels.triton_gemv import bucket
+
+    return table.get(bucket(rows))
+
+
 def linear_usable(layer, x: torch.Tensor) -> bool:
-    """GPU linears stay on cuBLAS/hipBLAS (same API as ``cpu_fused_ops``)."""
-    return False
+    """True where the load-time choice put this layer's batch on the GEMV (else cuBLAS)."""
+    return _gemv_config(layer, x) is not None
+
+
+def linear(layer, x: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, layer.weight, layer.bias)`` through the chosen split-K GEMV."""
+    from octavo.quantization.kernels.triton_gemv import launch
+
+    cfg = _gemv_config(layer, x)
+    w = layer.weight
+    n, k = w.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    y = launch(x2, w, n, k, cfg, out_dtype=x.dtype, bias=getattr(layer, "bias", None), dot_dtype=x.dtype)
+    return y.reshape(*x.shape[:-1], n)
 
 
 @triton.jit

@@ -36,15 +36,20 @@ def load_fused_ops(kind: str) -> ModuleType | None:
         return None
 
 
-def bind_fused_ops(model: nn.Module, kind: str) -> ModuleType | None:
+def bind_fused_ops(model: nn.Module, kind: str, decode_gemv: str = "off") -> ModuleType | None:
     """Choose the fused kernels once, when a model is loaded: every submodule gets ``fused_ops``.
 
     Layers never inspect a tensor's device; a module that was never bound runs eager torch.
     Each call still asks ``ops.usable(x)`` for what varies per call (dtype, autograd).
+    ``decode_gemv`` (the platform's ``decode_gemv_policy()``): where the kernels have a
+    small-batch GEMV, it picks GEMV or BLAS per linear weight shape now, with the weights loaded.
     """
     ops = load_fused_ops(kind)
     for m in model.modules():
         m.fused_ops = ops
+    select = getattr(ops, "select_linear_kernels", None)
+    if select is not None and decode_gemv != "off":
+        select(model, decode_gemv)
     return ops
 
 

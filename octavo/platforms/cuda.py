@@ -166,6 +166,7 @@ class CudaPlatform(CudaLikePlatform):
     communicator = "nccl"
     communicator_reason = "NCCL over NVLink / PCIe"
     dist_backend = "nccl"
+    decode_gemv = "auto"  # Triton split-K GEMV where it beats cuBLAS (timed at load)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

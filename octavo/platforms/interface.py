@@ -139,6 +139,22 @@ class Platform:
     # chosen once when a model is loaded: "triton" (octavo.models.fused_ops), "cpu" (octavo's
     # C++ extension, octavo.models.cpu_fused_ops) or "none" (eager torch).
     fused_op_kernels: ClassVar[str] = "none"
+    # Small-batch linears (<= 8 rows): "auto" times a split-K Triton GEMV against the vendor
+    # BLAS per weight shape at load, "table" takes the GEMV's default tiling, "off" keeps BLAS.
+    decode_gemv: ClassVar[str] = "off"
+
+    @classmethod
+    def decode_gemv_policy(cls) -> str:
+        """``decode_gemv``, unless ``OCTAVO_DECODE_GEMV`` overrides it (only where the platform
+        has the GEMV at all: a platform whose policy is "off" keeps it off)."""
+        from octavo import envs
+
+        forced = envs.OCTAVO_DECODE_GEMV
+        if forced and cls.decode_gemv != "off":
+            if forced not in ("auto", "table", "off"):
+                raise ValueError(f"OCTAVO_DECODE_GEMV={forced!r}: expected auto, table or off")
+            return forced
+        return cls.decode_gemv
 
     # -- detection ----------------------------------------------------------------------
     @classmethod

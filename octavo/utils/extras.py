@@ -14,6 +14,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "serve": ("fastapi", "uvicorn", "pydantic", "prometheus_client", "zmq", "msgpack"),
     "bench": ("httpx", "matplotlib"),
     "ray": ("ray",),
+    "onnx": ("onnxruntime", "onnx", "onnxscript"),
 }
 
 

@@ -54,9 +54,7 @@ class ModelRunner:
         self.dtype = mc.dtype
         self.block_size = config.cache_config.block_size
         self.max_model_len = mc.max_model_len
-        self.attn_backend, self.skipped_backends = platform.get_attn_backend(
-            mc.head_size, mc.dtype, config.cache_config.kv_cache_dtype, self.block_size
-        )
+        self.attn_backend, self.skipped_backends = self._choose_attn_backend()
         self.model = None
         # Length-dependent RoPE (longrope, dynamic): the model takes rope keys for positions.
         self.length_rope = None
@@ -76,6 +74,13 @@ class ModelRunner:
         self._unresulted: list[StepHandle] = []
 
     # -- setup ----------------------------------------------------------------------------
+    def _choose_attn_backend(self) -> tuple[type, list]:
+        """(the platform's attention backend, the candidates it skipped and why)."""
+        mc = self.config.model_config
+        return self.platform.get_attn_backend(
+            mc.head_size, mc.dtype, self.config.cache_config.kv_cache_dtype, self.block_size
+        )
+
     def load_model(self) -> None:
         from octavo.models.layers import bind_fused_ops
         from octavo.models.length_rope import length_rope
@@ -96,7 +101,7 @@ class ModelRunner:
             init_dummy_weights(model, seed=mc.seed)
         else:
             load_weights(model, mc.model, mc.load_format)
-        bind_fused_ops(model, self.platform.fused_op_kernels)
+        bind_fused_ops(model, self.platform.fused_op_kernels, self.platform.decode_gemv_policy())
         self.model = model.eval()
         self.length_rope = length_rope(mc.hf_config, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0

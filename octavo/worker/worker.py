@@ -34,7 +34,10 @@ class Worker:
         self.tp = init_distributed(platform.communicator, rank, world, init_method)
         set_expert_parallel(config.parallel_config.enable_expert_parallel)
         platform.seed_everything(config.model_config.seed)
-        self.runner = ModelRunner(config, platform, local_rank=local_rank)
+        runner_cls = ModelRunner
+        if config.model_config.model_impl == "onnxruntime":
+            from octavo.onnx.runner import OnnxModelRunner as runner_cls
+        self.runner = runner_cls(config, platform, local_rank=local_rank)
         self.runner.load_model()
 
     # Calls the executor makes (results only matter from rank 0, except where noted).

@@ -86,3 +86,86 @@ def test_platforms_bind_triton_only_on_gpus():
 def test_fused_ops_gpu(dtype):
     _check_all("cuda", dtype, tokens=5, hidden=4096, heads=32, kv_heads=8, head_dim=128)
     _check_all("cuda", dtype, tokens=3, hidden=896, heads=14, kv_heads=2, head_dim=64)
+
+
+# -- decode GEMV on the linears ---------------------------------------------------------------
+def _linears(device, dtype, shapes=((96, 64), (64, 96))):
+    from octavo.distributed.layers import ColumnParallelLinear, RowParallelLinear
+
+    gen = torch.Generator().manual_seed(0)
+    col = ColumnParallelLinear(shapes[0][1], {None: (shapes[0][0], 0)}, bias=True)
+    row = RowParallelLinear(shapes[1][1], shapes[1][0], bias=False)
+    for p in (*col.parameters(), *row.parameters()):
+        p.data.copy_(torch.randn(p.shape, generator=gen))
+    return torch.nn.Sequential(col, row).to(device=device, dtype=dtype)
+
+
+def _check_gemv_linears(model, policy, rows=(1, 3, 8)):
+    from octavo.models import fused_ops, layers
+
+    choices = fused_ops.select_linear_kernels(model, policy)
+    assert len(choices) == len(model)
+    gen = torch.Generator(device=model[0].weight.device).manual_seed(1)
+    with torch.inference_mode():
+        for layer in model:
+            for m in rows:
+                x = torch.randn(m, layer.weight.shape[1], device=layer.weight.device, generator=gen)
+                x = x.to(layer.weight.dtype)
+                ref = torch.nn.functional.linear(x.double(), layer.weight.double(),
+                                                 None if layer.bias is None else layer.bias.double())
+                y = fused_ops.linear(layer, x) if fused_ops.linear_usable(layer, x) else layer(x)
+                err = float((y.double() - ref).norm() / ref.norm())
+                assert y.dtype == x.dtype and err < 8e-3, (policy, m, err)
+                assert layers.linear(layer, x).shape == y.shape
+    return choices
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_gemv_linears_table_policy_interpreted():
+    from octavo.models import fused_ops
+
+    model = _linears("cpu", torch.bfloat16)
+    _check_gemv_linears(model, "table", rows=(1, 5))
+    layer = model[0]
+    small = torch.randn(2, 64).bfloat16()
+    assert fused_ops.linear_usable(layer, small)
+    assert not fused_ops.linear_usable(layer, torch.randn(9, 64).bfloat16())  # > 8 rows: cuBLAS
+    assert not fused_ops.linear_usable(layer, small.float())  # dtype differs from the weight
+    fused_ops.GEMV_ENABLED = False
+    try:
+        assert not fused_ops.linear_usable(layer, small)
+    finally:
+        fused_ops.GEMV_ENABLED = True
+    with pytest.raises(ValueError, match="decode GEMV policy"):
+        fused_ops.select_linear_kernels(model, "fast")
+    fp32 = _linears("cpu", torch.float32)
+    assert fused_ops.select_linear_kernels(fp32, "table") == {}  # fp32 keeps the torch path
+
+
+def test_decode_gemv_policy_per_platform(monkeypatch):
+    from octavo.platforms.cpu import CpuPlatform
+    from octavo.platforms.cuda import CudaPlatform
+    from octavo.platforms.rocm import RocmPlatform
+
+    monkeypatch.delenv("OCTAVO_DECODE_GEMV", raising=False)
+    assert CudaPlatform.decode_gemv_policy() == "auto"
+    assert RocmPlatform.decode_gemv_policy() == CpuPlatform.decode_gemv_policy() == "off"
+    monkeypatch.setenv("OCTAVO_DECODE_GEMV", "table")
+    assert CudaPlatform.decode_gemv_policy() == "table"
+    assert CpuPlatform.decode_gemv_policy() == "off"  # no GEMV there to force
+    monkeypatch.setenv("OCTAVO_DECODE_GEMV", "fastest")
+    with pytest.raises(ValueError, match="OCTAVO_DECODE_GEMV"):
+        CudaPlatform.decode_gemv_policy()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("policy", ["auto", "table"])
+def test_gemv_linears_gpu(policy):
+    model = _linears("cuda", torch.bfloat16, shapes=((6144, 4096), (4096, 14336)))
+    choices = _check_gemv_linears(model, policy, rows=(1, 2, 3, 4, 7, 8))
+    if policy == "auto":
+        for choice in choices.values():
+            for m, cfg in choice["table"].items():
+                times = choice["times"][m]
+                assert cfg is None or times[cfg.describe()] < times["cublas"]

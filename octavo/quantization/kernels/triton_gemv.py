@@ -1,0 +1,332 @@
+"""Split-K Triton GEMV / skinny GEMM for decode batches: ``y = x @ dequant(W).T (+ bias)``.
+
+One kernel serves three weight formats, chosen by ``constexpr`` so each compiles to its own
+specialised code:
+
+- ``WFMT_PLAIN``: bf16/fp16 weights [N, K] (the unquantized decode linears);
+- ``WFMT_FP8``: float8_e4m3fn weights [N, K] with per-tensor, per-channel or 128x128-block
+  scales; activations arrive already quantized (fp8 rows with one fp32 scale each);
+- ``WFMT_INT4``: 4-bit codes packed eight to an int32 along K ([N, K // 8]), with per-group
+  scales and ``zero * scale`` terms (fp32 [N, K // group]).
+
+Work split: the grid is (N blocks, K splits, M blocks). Each program streams a
+[BLOCK_N, k_per_split] slab of W once (contiguous along K, so the loads vectorise to 128 bits),
+and accumulates in fp32. With one K split the program writes ``y`` itself (bias added, cast to
+the output dtype); with several it writes fp32 partials to a workspace [SPLIT, M, N] and a
+second small kernel sums them: no atomics, deterministic, and both launches are plain kernels
+on preallocated-by-the-caching-allocator tensors, so the pair is CUDA-graph capturable.
+
+Two inner products: ``USE_DOT`` pads the rows to a tensor-core tile (BLOCK_M >= 16) and is the
+choice for M >= 2; without it, BLOCK_M == 1 and each program keeps a [BLOCK_N, BLOCK_K] fp32
+accumulator of elementwise products that it reduces once at the end (the classic GEMV: no
+shuffles inside the loop). Quantized weights enter the dot as exact small values (fp8 codes,
+``q - zero`` integers) and their scales multiply the fp32 partial sums, so the only rounding is
+the fp32 accumulation; the fp32 reference dequantizes first and agrees to accumulation order.
+
+Invariants the launchers keep: ``k_per_split`` is a multiple of ``BLOCK_K``, so every K tile
+starts at a multiple of ``BLOCK_K``; for FP8 block scales ``BLOCK_K`` divides 128, for INT4 it
+divides the group size on the dot path (a dot tile never straddles two scale groups; the FMA
+path reads one scale per 8-code word instead) and is a multiple of 8, and ``K % 8 == 0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+WFMT_PLAIN, WFMT_FP8, WFMT_INT4 = 0, 1, 2
+# How weight scales apply: none, per-tensor [], per-channel [N], per-iteration [N, K // GROUP]
+# (fp8 128x128 blocks: GROUP = 128 and rows grouped by 128; int4 groups: one row each).
+SCALE_NONE, SCALE_TENSOR, SCALE_CHANNEL, SCALE_BLOCK, SCALE_GROUP = 0, 1, 2, 3, 4
+# The same values as the kernels see them (a jitted function reads only constexpr globals).
+_INT4 = tl.constexpr(WFMT_INT4)
+_S_TENSOR, _S_CHANNEL, _S_BLOCK = tl.constexpr(SCALE_TENSOR), tl.constexpr(SCALE_CHANNEL), tl.constexpr(SCALE_BLOCK)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Tile shape of one launch. ``split_k``: programs along K (1 = no second pass)."""
+
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    use_dot: bool = False
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def block_m(self, m: int) -> int:
+        return min(64, max(16, triton.next_power_of_2(m))) if self.use_dot else 1
+
+    def describe(self) -> str:
+        kind = "dot" if self.use_dot else "fma"
+        return f"{kind} n{self.block_n} k{self.block_k} split{self.split_k} w{self.num_warps}"
+
+
+@triton.jit
+def _load_w_tile(
+    w_ptr, ws_ptr, wz_ptr, offs_n, k0, p0, k_end, n_ok, stride_wn, stride_sn,
+    WFMT: tl.constexpr, SCALE_MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
+    OUT_DTYPE: tl.constexpr, EVEN_K: tl.constexpr, FLAT: tl.constexpr,
+):
+    """W[offs_n, offs_k] as OUT_DTYPE (exact values) and its per-iteration scale vector [BLOCK_N]
+    (ones when the scale applies after the loop). INT4 without ``FLAT``: [BLOCK_N, BLOCK_K // 8,
+    8], each word's eight codes in one thread (reshaping them would cost the 128-bit loads)."""
+    rows = offs_n.to(tl.int64)[:, None] * stride_wn
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    k_ok = (offs_k < k_end) | EVEN_K  # EVEN_K: every tile is whole
+    if WFMT == _INT4:
+        offs_p = p0 + tl.arange(0, BLOCK_K // 8)  # p0 == k0 // 8, kept a product (aligned loads)
+        if EVEN_K:  # every tile is whole: the mask is per row only (keeps the loads 128-bit)
+            p_ok = n_ok[:, None] & (offs_p >= 0)[None, :]
+        else:
+            p_ok = n_ok[:, None] & (offs_p * 8 < k_end)[None, :]
+        packed = tl.load(w_ptr + rows + offs_p[None, :], mask=p_ok, other=0)
+        shifts = (tl.arange(0, 8) * 4)[None, None, :]
+        q = ((packed[:, :, None] >> shifts) & 0xF).to(tl.float32)
+        srow = offs_n.to(tl.int64) * stride_sn
+        if FLAT:  # the dot path: one group per tile, its scale multiplies the partial sums
+            s = tl.load(ws_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
+            z = tl.load(wz_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
+            w = tl.reshape(q - z[:, None, None], (offs_n.shape[0], BLOCK_K))
+        else:  # a tile may span groups: one scale and zero per word (GROUP % 8 == 0)
+            gidx = (offs_p * 8) // GROUP
+            g_ok = n_ok[:, None] & (gidx >= 0)[None, :]
+            s = tl.load(ws_ptr + srow[:, None] + gidx[None, :], mask=g_ok, other=0.0)
+            z = tl.load(wz_ptr + srow[:, None] + gidx[None, :], mask=g_ok, other=0.0)
+            w = q - z[:, :, None]  # q - zero: integers in [-15, 15], exact in bf16/fp16
+    else:
+        w = tl.load(w_ptr + rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        if SCALE_MODE == _S_BLOCK:
+            s = tl.load(ws_ptr + (offs_n // 128).to(tl.int64) * stride_sn + k0 // 128, mask=n_ok, other=0.0)
+        else:
+            s = tl.full(offs_n.shape, 1.0, tl.float32)
+    return w.to(OUT_DTYPE), s
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
+    M, N, K, k_per_split, p_per_split, stride_xm, stride_wn, stride_sn, stride_om,
+    WFMT: tl.constexpr, SCALE_MODE: tl.constexpr, GROUP: tl.constexpr, X_SCALED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    elif WFMT == _INT4:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.float32)
+    else:
+        acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
+    for it in range(0, tl.cdiv(k_end - k_start, BLOCK_K)):
+        k0 = k_start + it * BLOCK_K
+        p0 = pid_k * p_per_split + it * (BLOCK_K // 8)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = (offs_k < k_end) | EVEN_K
+        x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w, s = _load_w_tile(
+            w_ptr, ws_ptr, wz_ptr, offs_n, k0, p0, k_end, n_ok, stride_wn, stride_sn,
+            WFMT, SCALE_MODE, GROUP, BLOCK_K, DOT_DTYPE if USE_DOT else tl.float32, EVEN_K,
+            USE_DOT or WFMT != _INT4,
+        )
+        if USE_DOT:
+            part = tl.dot(x.to(DOT_DTYPE), tl.trans(w))
+            if SCALE_MODE >= _S_BLOCK:
+                part = part * s[None, :]
+            acc += part
+        elif WFMT == _INT4:  # [BLOCK_N, BLOCK_K // 8, 8] * [1, BLOCK_K // 8, 8], summed in-thread
+            x3 = tl.reshape(x.to(tl.float32), (1, BLOCK_K // 8, 8))
+            acc2 += tl.sum(w * x3, axis=2) * s
+        else:
+            prod = w * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
+            if SCALE_MODE >= _S_BLOCK:
+                prod = prod * s[:, None]
+            acc2 += prod
+    if not USE_DOT:
+        acc = tl.sum(acc2, axis=1)[None, :]
+    if SCALE_MODE == _S_TENSOR:
+        acc = acc * tl.load(ws_ptr)
+    if SCALE_MODE == _S_CHANNEL:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if X_SCALED:
+        acc = acc * tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if WRITE_OUT:  # one K split: this program owns y[offs_m, offs_n]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        o = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        p = part_ptr + (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
+        tl.store(p, acc, mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(
+    part_ptr, bias_ptr, out_ptr, M, N, stride_om,
+    SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+):
+    m = tl.program_id(1).to(tl.int64)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < N
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(part_ptr + (s * M + m) * N + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+# Triton's CPU interpreter multiplies bf16 dot operands as raw bits; the values entering the dot
+# are exact in fp32 too, so interpreted runs (the CPU tests) take an fp32 dot instead.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def split_extent(k: int, cfg: GemvConfig) -> int:
+    """K elements per split: a multiple of ``block_k``; the splits cover K."""
+    return triton.cdiv(triton.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
+
+
+def launch(
+    x: torch.Tensor, w: torch.Tensor, n: int, k: int, cfg: GemvConfig, *,
+    out_dtype: torch.dtype, wfmt: int = WFMT_PLAIN, scale_mode: int = SCALE_NONE,
+    w_scale: torch.Tensor | None = None, w_zs: torch.Tensor | None = None, group: int = 128,
+    x_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+    dot_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``y[M, N]`` for a 2-D ``x`` [M, K] (unit stride along K). Allocates only ``y`` and, with
+    a K split, the fp32 partials: no host synchronisation, capturable in a CUDA graph."""
+    m = x.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    if m == 0:
+        return out
+    per = split_extent(k, cfg)
+    split = triton.cdiv(k, per)
+    bm = cfg.block_m(m)
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    dummy = out
+    grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, bm))
+    _gemv_kernel[grid](
+        x, x_scale if x_scale is not None else dummy, w,
+        w_scale if w_scale is not None else dummy, w_zs if w_zs is not None else dummy,
+        bias if bias is not None else dummy, out, part,
+        m, n, k, per, per // 8, x.stride(0), w.stride(0),
+        w_scale.stride(0) if w_scale is not None and w_scale.dim() == 2 else 0, out.stride(0),
+        WFMT=wfmt, SCALE_MODE=scale_mode, GROUP=group, X_SCALED=x_scale is not None,
+        HAS_BIAS=bias is not None and split == 1, WRITE_OUT=split == 1, USE_DOT=cfg.use_dot,
+        DOT_DTYPE=tl.float32 if INTERPRETED else _DOT_DTYPES[dot_dtype], BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVEN_K=k % cfg.block_k == 0,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            part, bias if bias is not None else dummy, out, m, n, out.stride(0),
+            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+# -- choosing a configuration ----------------------------------------------------------------
+DEFAULT_SMS = 132  # an H100/H200; ``num_sms`` asks the driver when it can
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (from Triton's driver; a default off-GPU)."""
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(device.index or 0)
+        return int(props["multiprocessor_count"])
+    except Exception:  # the interpreter, or a driver without the query
+        return DEFAULT_SMS
+
+
+def pick_split(n: int, k: int, block_n: int, block_k: int, sms: int, waves: int = 4) -> int:
+    """Fewest K splits giving ``waves`` programs per SM, each split keeping >= 4 K tiles."""
+    tiles_n = triton.cdiv(n, block_n)
+    split = 1
+    while tiles_n * split < waves * sms and k // (2 * split) >= 4 * block_k:
+        split *= 2
+    return split
+
+
+def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
+    """A short list of tile shapes worth timing for a bf16/fp16 [N, K] weight at batch ``m``:
+    without a K split where the rows alone give enough programs (no second launch), and with
+    the split that fills the GPU."""
+    out = []
+    if m == 1:
+        for bn, bk in ((8, 512), (4, 512), (4, 1024)):
+            out.append(GemvConfig(bn, bk, 1, False, 4))
+        for bn, bk in ((8, 512), (16, 256)):
+            out.append(GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), False, 4))
+    else:
+        for bn, bk, warps in ((16, 256, 4), (32, 128, 4), (16, 512, 8)):
+            out.append(GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), True, warps))
+        out.append(GemvConfig(16, 256, 1, True, 4))
+    return list(dict.fromkeys(out))
+
+
+def default_config(n: int, k: int, m: int, sms: int) -> GemvConfig:
+    """The table choice when nothing was timed: the split that fills the GPU."""
+    bn, bk, dot = (8, 512, False) if m == 1 else (16, 256, True)
+    return GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), dot, 4)
+
+
+BATCH_BUCKETS = (1, 2, 4, 8)
+
+
+def bucket(m: int) -> int:
+    """The batch bucket (1, 2, 4, 8) whose choice serves ``m`` rows (``m <= 8``)."""
+    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+
+
+def _time_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+
+def time_against_cublas(
+    weight: torch.Tensor, m: int, sms: int, margin: float = 0.97
+) -> tuple[GemvConfig | None, dict[str, float]]:
+    """Time cuBLAS (``F.linear``) and each candidate on ``weight`` [N, K] at ``m`` rows; return
+    the fastest candidate if it beats cuBLAS by ``margin`` (else None: keep cuBLAS) and every
+    time in ms. A candidate whose result disagrees with cuBLAS is never chosen."""
+    n, k = weight.shape
+    gen = torch.Generator(device=weight.device).manual_seed(m)
+    x = torch.randn((m, k), generator=gen, device=weight.device, dtype=torch.float32).to(weight.dtype)
+    ref = torch.nn.functional.linear(x, weight)
+    times = {"cublas": _time_ms(lambda: torch.nn.functional.linear(x, weight))}
+    best, best_t = None, times["cublas"] * margin
+    for cfg in candidates(n, k, m, sms):
+        def run(cfg=cfg):
+            return launch(x, weight, n, k, cfg, out_dtype=weight.dtype, dot_dtype=weight.dtype)
+
+        try:
+            err = float((run().float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
+            t = _time_ms(run) if err < 2e-2 else float("nan")
+        except Exception as e:  # a tiling this compiler/GPU rejects: never chosen
+            logger.warning("decode GEMV %s for [%d, %d] at M=%d failed: %r", cfg.describe(), n, k, m, e)
+            t = float("nan")
+        times[cfg.describe()] = t
+        if t < best_t:
+            best, best_t = cfg, t
+    return best, times

@@ -1,0 +1,131 @@
+"""FP8 (e4m3) linears (``octavo.quantization.kernels.triton_fp8``) against fp32 torch: weights
+dequantized with their per-tensor / per-channel / 128x128-block scales, activations quantized
+per token (or with a static scale) exactly as the quantization contract defines W8A8.
+
+Under ``TRITON_INTERPRET=1`` (no GPU) on small ragged shapes; the interpreter rounds fp32 to
+e4m3 differently at binade edges (and flushes subnormals), so there the GEMV is checked against the activations the
+kernel itself quantized, and the quantizer separately (scales exact, codes within one step).
+On the GPU (``cuda`` marker) codes must match torch's cast exactly, at the Llama-8B shapes, and
+the ``torch._scaled_mm`` path for batches above 8 is checked too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest.importorskip("triton")
+
+from octavo.quantization.kernels import triton_fp8 as f8  # noqa: E402
+from octavo.quantization.kernels import triton_gemv as g  # noqa: E402
+
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+
+def rel_err(y, ref) -> float:
+    return float((y.double() - ref.double()).norm() / ref.double().norm())
+
+
+def make_weight(n, k, kind, seed=0):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    w = (torch.randn(n, k, generator=gen, device=DEVICE) * 3).to(torch.float8_e4m3fn)
+    if kind == "tensor":
+        s = torch.tensor(0.02, device=DEVICE)
+    elif kind == "channel":
+        s = torch.rand(n, generator=gen, device=DEVICE) * 0.05 + 0.005
+    else:
+        s = torch.rand(-(-n // 128), -(-k // 128), generator=gen, device=DEVICE) * 0.05 + 0.005
+    return w, s
+
+
+def dequant(w, s):
+    n, k = w.shape
+    if s.dim() == 2:
+        s = s.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
+    elif s.dim() == 1:
+        s = s[:, None]
+    return w.double() * s.double()
+
+
+def reference_rows(x, input_scale=None):
+    """The contract's activation quantization in torch."""
+    xf = x.float()
+    if input_scale is None:
+        s = (xf.abs().amax(-1, keepdim=True) / f8.FP8_MAX).clamp_min(1.0 / (f8.FP8_MAX * 512))
+    else:
+        s = input_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+    return (xf / s).clamp(-f8.FP8_MAX, f8.FP8_MAX).to(torch.float8_e4m3fn), s.reshape(-1)
+
+
+def check(n, k, m, kind, static, dtype=torch.bfloat16, seed=0, gemm=False):
+    w, s = make_weight(n, k, kind, seed)
+    packed = f8.prepack_fp8(w, s)
+    if gemm and not HAS_GPU:
+        packed.scale_row = None  # no _scaled_mm off the GPU: the Triton tiles
+    gen = torch.Generator(device=DEVICE).manual_seed(seed + 1)
+    x = torch.randn(m, k, generator=gen, device=DEVICE).to(dtype)
+    b = torch.randn(n, generator=gen, device=DEVICE).to(dtype)
+    in_scale = torch.tensor(0.02, device=DEVICE) if static else None
+    xq, xs = f8.quantize_rows(x, in_scale)
+    rq, rs = reference_rows(x, in_scale)
+    torch.testing.assert_close(xs, rs, rtol=1e-6, atol=0)
+    if HAS_GPU:
+        assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+    else:  # interpreter rounding at binade edges and subnormals: at most one e4m3 step apart
+        assert ((xq.double() - rq.double()).abs() <= rq.double().abs() * 0.5 + 2.0**-9).all()
+    ref = (xq.double() * xs.double()[:, None]) @ dequant(w, s).T + b.double()
+    y = f8.fp8_linear(x, packed, b, in_scale)
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert rel_err(y, ref) < 8e-3, (kind, m, static, rel_err(y, ref))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block"])
+@pytest.mark.parametrize("m", [1, 3, 8, 20])
+def test_fp8_linear_interpreted(kind, m):
+    check(136, 320, m, kind, static=m == 3, gemm=m > 8)
+
+
+def test_prepack_refuses_bad_scales_and_dtypes():
+    w = torch.zeros(256, 512, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="fits neither"):
+        f8.prepack_fp8(w, torch.ones(3))
+    with pytest.raises(ValueError, match="float8_e4m3fn"):
+        f8.prepack_fp8(torch.zeros(4, 4), torch.ones(()))
+    p = f8.prepack_fp8(w, torch.ones(2, 4))
+    assert p.scale_mode == g.SCALE_BLOCK and p.scale_row is None
+    assert all(c.block_k <= 128 and 128 % c.block_k == 0 for c in p.configs.values())
+    assert f8.prepack_fp8(w, torch.ones(1)).scale_mode == g.SCALE_TENSOR
+    assert f8.prepack_fp8(w, torch.ones(256)).scale_row.shape == (1, 256)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["tensor", "channel", "block"])
+@pytest.mark.parametrize("shape", [(6144, 4096), (4096, 14336), (1000, 1032)], ids=str)
+def test_fp8_linear_gpu(kind, shape):
+    for m in (1, 2, 5, 8, 32):
+        check(*shape, m, kind, static=m == 5, seed=m)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_fp8_gemv_replays_in_a_cuda_graph():
+    w, s = make_weight(4096, 4096, "channel")
+    packed = f8.prepack_fp8(w, s)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    f8.fp8_linear(x, packed)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = f8.fp8_linear(x, packed)
+    x.normal_()
+    graph.replay()
+    xq, xs = reference_rows(x)
+    ref = (xq.double() * xs.double()[:, None]) @ dequant(w, s).T
+    assert rel_err(y, ref) < 8e-3
