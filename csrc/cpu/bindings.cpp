@@ -55,6 +55,8 @@ static void run_unchecked(void (*kernel)(const Args&), const Args& a) {
   kernel(a);
 }
 
+#include "quant_bindings.h"
+
 PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
   m.doc() = "octavo CPU kernels (one ISA variant)";
   m.attr("ISA") = kern()->isa;
@@ -135,4 +137,6 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         py::kw_only(), py::arg("positions"), py::arg("q"), py::arg("k"), py::arg("cos"),
         py::arg("sin"), py::arg("q_out"), py::arg("k_out"), py::arg("num_threads") = 0,
         "Neox RoPE of q [T, H, D] and k [T, Hk, D] into contiguous q_out, k_out.");
+
+  register_quant(m);
 }

@@ -1,0 +1,60 @@
+// octavo CPU kernels: weight-only INT8 / INT4 linear layers (the ISA-independent interface).
+//
+// Canonical weights (what every checkpoint loader produces): codes q[n, k] (uint8, 0..255 or
+// 0..15), scales s[n, g] and zero points z[n, g] per group of `group` consecutive k,
+//   w[n, k] = (q[n, k] - z[n, k / group]) * s[n, k / group].
+// The kernels stream a layout the Python side builds ONCE at load
+// (octavo/quantization/kernels/cpu_int.py):
+//   N is split into tiles of kQuantTile = 32 output channels (the last tile zero-padded);
+//   weight  uint8 [n_tiles][k_rows][32]: 8-bit: k_rows = K, byte j of row k = q[tile*32 + j, k];
+//           4-bit: k_rows = ceil(K / 2), byte j of row r = q[., 2r] | q[., 2r + 1] << 4
+//           (a missing odd column is code 0); so one tile's weights are one contiguous stretch
+//           read front to back, a 32-byte row per k (8-bit) or per pair of k (4-bit);
+//   scales  float32 [n_tiles][G][32] and zeros float32 [n_tiles][G][32] (z as a float), G = K / group.
+// y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) accumulated in fp32, rounded once to x's dtype.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace octavo {
+
+constexpr int kQuantTile = 32;  // output channels per weight tile
+
+struct IntWeights {
+  const uint8_t* weight;  // [n_tiles][k_rows][32]
+  const float* scales;    // [n_tiles][G][32]
+  const float* zeros;     // [n_tiles][G][32]
+  int n;                  // output channels (unpadded)
+  int k;                  // input features
+  int group;              // k per scale group; K % group == 0 (4-bit: group even, or group == K)
+  int bits;               // 8 or 4
+};
+
+struct IntLinearArgs {
+  IntWeights w;
+  const void* x; int64_t x_stride;  // [m, k] in `dtype`, unit inner stride
+  void* out; int64_t o_stride;      // [m, n] in `dtype`, unit inner stride
+  const float* bias;                // [n] or null
+  int64_t m;
+  int dtype;        // DType of x and out
+  int num_threads;  // 0: the OpenMP runtime's current default
+};
+
+// out[n, k] = w[n, k] in `dtype` (rows of o_stride elements): the large-batch path dequantizes
+// and hands the matmul to the BLAS.
+struct IntDequantArgs {
+  IntWeights w;
+  void* out; int64_t o_stride;
+  int dtype;
+  int num_threads;
+};
+
+struct QuantKernels {
+  const char* isa;
+  // nullptr on success, else why nothing was computed
+  const char* (*int_linear)(const IntLinearArgs&);
+  const char* (*int_dequant)(const IntDequantArgs&);
+};
+
+}  // namespace octavo

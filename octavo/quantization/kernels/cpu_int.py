@@ -1,0 +1,137 @@
+"""Weight-only INT8 / INT4 linear layers on the CPU, through octavo's C++ kernels.
+
+``prepack_int`` runs once at load: it turns the canonical weight (codes ``q`` uint8 [N, K],
+``scales`` float32 [N, G], ``zeros`` uint8 [N, G], ``w = (q - zero) * scale`` per group of
+``K // G`` columns) into the layout the kernels stream (``csrc/cpu/quant_api.h``): tiles of 32
+output channels, each tile's codes one contiguous run of 32-byte rows (a row per k for 8-bit,
+per pair of k for 4-bit, two codes a byte), scales and zero points per tile and group.
+
+``int_linear`` then computes ``x @ w.T (+ bias)`` for x of any float dtype, accumulating in
+float32 and rounding once to x's dtype: for up to ``GEMM_MAX_ROWS`` rows in the C++ GEMV/GEMM
+(weights decoded in registers, reused by a block of rows), beyond that by dequantizing the
+weight to x's dtype in C++ and multiplying with torch's BLAS (prefill batches are compute-bound,
+and the BLAS has the better micro-kernel). The ISA variant is the one ``octavo.cpu_isa`` selects
+(``OCTAVO_CPU_ISA`` forces one), fixed per packed weight at prepack time.
+
+Importing this module raises ``ImportError`` when the C++ extension is not available, so the
+kernel selection can fall back to the torch reference with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from octavo import cpu_isa
+
+TILE = 32  # output channels per tile (kQuantTile in quant_api.h)
+# Rows above which the weight is dequantized and multiplied by torch's BLAS.
+GEMM_MAX_ROWS = 48
+
+cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
+
+
+@dataclass(frozen=True)
+class PackedInt:
+    """An INT8 / INT4 weight in the kernels' layout (see the module docstring).
+
+    weight uint8 [ceil(N/32), K or ceil(K/2), 32]; scales, zeros float32 [ceil(N/32), G, 32];
+    padded channels have code 0, zero 0 and scale 0.
+    """
+
+    weight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    n: int
+    k: int
+    group: int
+    bits: int
+    ext: ModuleType
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads per call (codes, scales and zero points)."""
+        return sum(t.numel() * t.element_size() for t in (self.weight, self.scales, self.zeros))
+
+    def _kw(self) -> dict:
+        return dict(weight=self.weight, scales=self.scales, zeros=self.zeros, n=self.n, k=self.k,
+                    group=self.group, bits=self.bits)
+
+
+def _check(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int) -> int:
+    """The group size, after checking the canonical tensors; ValueError naming what is wrong."""
+    if bits not in (4, 8):
+        raise ValueError(f"prepack_int: bits must be 4 or 8, got {bits}")
+    if q.dtype != torch.uint8 or q.dim() != 2:
+        raise ValueError(f"prepack_int: q must be uint8 [N, K], got {q.dtype} {tuple(q.shape)}")
+    n, k = q.shape
+    if scales.dim() != 2 or scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
+        raise ValueError(f"prepack_int: scales {tuple(scales.shape)} must be [N, G] with K % G == 0 for q {(n, k)}")
+    if zeros.dtype != torch.uint8 or zeros.shape != scales.shape:
+        raise ValueError(f"prepack_int: zeros must be uint8 {tuple(scales.shape)}, got {zeros.dtype} {tuple(zeros.shape)}")
+    group = k // scales.shape[1]
+    if bits == 4 and group % 2 and group != k:
+        raise ValueError(f"prepack_int: 4-bit weights need an even group size (or one group per row), got {group}")
+    limit = 1 << bits
+    if int(q.max()) >= limit or int(zeros.max()) >= limit:
+        raise ValueError(f"prepack_int: {bits}-bit codes and zero points must be < {limit}")
+    return group
+
+
+def _tiles(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    """[N, C] -> [ceil(N/32), C, 32] (channel-minor), zero-padded channels."""
+    n, c = t.shape
+    padded = torch.zeros(n_pad, c, dtype=t.dtype)
+    padded[:n] = t
+    return padded.view(n_pad // TILE, TILE, c).transpose(1, 2).contiguous()
+
+
+def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+                *, variant: str | None = None) -> PackedInt:
+    """Repack a canonical INT8 / INT4 weight for ``int_linear`` (once, at load).
+
+    ``variant`` names a kernel build (``avx512_bf16``, ``avx2``, ...) instead of the selected one
+    (tests and benchmarks compare them); the caller makes sure this CPU runs it.
+    """
+    group = _check(q, scales, zeros, bits)
+    n, k = q.shape
+    q = q.cpu()
+    if bits == 4:
+        if k % 2:
+            q = torch.cat([q, torch.zeros(n, 1, dtype=torch.uint8)], dim=1)
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    n_pad = -(-n // TILE) * TILE
+    ext = cpu_isa.load_extension() if variant is None else cpu_isa.load_variant(variant)
+    return PackedInt(
+        weight=_tiles(q, n_pad),
+        scales=_tiles(scales.cpu().to(torch.float32), n_pad),
+        zeros=_tiles(zeros.cpu().to(torch.float32), n_pad),
+        n=n, k=k, group=group, bits=bits, ext=ext,
+    )
+
+
+def dequantize(packed: PackedInt, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight [N, K] the packed codes stand for, in ``dtype``."""
+    out = torch.empty(packed.n, packed.k, dtype=dtype)
+    packed.ext.int_dequant(out=out, **packed._kw())
+    return out
+
+
+def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for x [..., K] (float32 / bfloat16 / float16); the result has x's dtype."""
+    if x.shape[-1] != packed.k:
+        raise ValueError(f"int_linear: x {tuple(x.shape)} must have K={packed.k} features")
+    x2 = x.reshape(-1, packed.k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if x2.shape[0] > GEMM_MAX_ROWS:
+        b = bias.to(x.dtype) if bias is not None else None
+        return F.linear(x2, dequantize(packed, x.dtype), b).view(*x.shape[:-1], packed.n)
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
+    packed.ext.int_linear(x=x2, out=out, bias=bias, **packed._kw())
+    return out.view(*x.shape[:-1], packed.n)

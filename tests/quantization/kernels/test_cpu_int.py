@@ -1,0 +1,174 @@
+"""The C++ weight-only INT8 / INT4 kernels (``cpu_int``) against dequantize-then-matmul in fp32.
+
+Every ISA variant this machine runs and this installation has is tested (the plain AVX-512 build
+too where the CPU also has avx512_bf16), over shapes that are not multiples of the 32-channel
+tile (N) nor of anything but the group (K; odd K per-channel), group sizes 32/64/128 and
+per-channel, symmetric and asymmetric zero points, M = 1..33 (the GEMV, every remainder of the
+GEMM row blocks) and beyond (the dequantize + BLAS path), bf16 / fp32 / fp16 activations.
+Variants this machine cannot run (NEON) are compile-checked by ``nox -s test-cpu-isa``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from octavo import cpu_isa
+
+if cpu_isa.extension_unavailable_reason() is not None:
+    pytest.skip(f"C++ CPU kernels unavailable: {cpu_isa.extension_unavailable_reason()}", allow_module_level=True)
+
+from octavo.quantization.kernels import cpu_int  # noqa: E402
+
+
+def _variants() -> list[str]:
+    out = []
+    for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)):
+        for v in cpu_isa.ISA_VARIANTS[isa]:
+            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v):
+                out.append(v)
+    return out
+
+
+VARIANTS = _variants()
+ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 31, 33]
+# (N, K, group): N never a multiple of 32; per-channel rows with odd K (4-bit pads a nibble)
+SHAPES = [(100, 224, 32), (70, 320, 64), (45, 384, 128), (33, 201, None), (161, 576, None)]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+
+
+def make_weight(n: int, k: int, group: int | None, bits: int, sym: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    group = group or k
+    levels = 1 << bits
+    q = torch.randint(0, levels, (n, k), generator=g, dtype=torch.uint8)
+    scales = torch.rand(n, k // group, generator=g) * 0.02 + 0.001
+    if sym:
+        zeros = torch.full((n, k // group), levels // 2, dtype=torch.uint8)
+    else:
+        zeros = torch.randint(0, levels, (n, k // group), generator=g, dtype=torch.uint8)
+    return q, scales, zeros
+
+
+def reference(x, q, scales, zeros, bias=None):
+    group = q.shape[1] // scales.shape[1]
+    w = (q.float() - zeros.float().repeat_interleave(group, 1)) * scales.repeat_interleave(group, 1)
+    y = x.float() @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"n{s[0]}k{s[1]}g{s[2] or 'row'}")
+def test_every_variant_matches_reference(variant, bits, sym, shape):
+    n, k, group = shape
+    q, scales, zeros = make_weight(n, k, group, bits, sym)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant)
+    assert packed.ext.ISA == variant
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float32):
+        for m in ROWS:
+            x = torch.randn(m, k, generator=g).to(dtype)
+            y = cpu_int.int_linear(x, packed)
+            assert y.dtype == dtype and y.shape == (m, n)
+            err = rel_err(y, reference(x, q, scales, zeros))
+            assert err < TOL[dtype], f"{variant} {dtype} M={m}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fp16_bias_and_leading_dims(variant):
+    q, scales, zeros = make_weight(90, 256, 64, 4, sym=False, seed=3)
+    packed = cpu_int.prepack_int(q, scales, zeros, 4, variant=variant)
+    bias = torch.randn(90)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for shape in [(1, 1, 256), (3, 5, 256)]:
+            x = torch.randn(shape).to(dtype)
+            for b in (bias, bias.to(dtype)):
+                y = cpu_int.int_linear(x, packed, b)
+                assert y.shape == (*shape[:-1], 90) and y.dtype == dtype
+                ref = reference(x.reshape(-1, 256), q, scales, zeros, b).view(*shape[:-1], 90)
+                assert rel_err(y, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_large_batch_goes_through_dequantize(bits):
+    n, k = 130, 448
+    q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=4)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(cpu_int.dequantize(packed, dtype),
+                           reference(torch.eye(k), q, scales, zeros).T.contiguous().to(dtype))
+        m = cpu_int.GEMM_MAX_ROWS + 17
+        x = torch.randn(m, k).to(dtype)
+        tol = TOL[dtype] if dtype == torch.float32 else 2e-2  # bf16 weights in the BLAS
+        assert rel_err(cpu_int.int_linear(x, packed), reference(x, q, scales, zeros)) < tol
+
+
+def test_threads_do_not_change_the_result():
+    q, scales, zeros = make_weight(1000, 576, 32, 4, sym=True, seed=5)
+    packed = cpu_int.prepack_int(q, scales, zeros, 4)
+    x = torch.randn(3, 576)
+    outs = []
+    for t in (1, 2):
+        y = torch.empty(3, 1000)
+        packed.ext.int_linear(x=x, out=y, num_threads=t, **packed._kw())
+        outs.append(y)
+    assert torch.equal(outs[0], outs[1])
+    assert rel_err(outs[0], reference(x, q, scales, zeros)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("isa", [i for i in ("avx512", "avx2", "scalar") if i in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ())])
+def test_octavo_cpu_isa_picks_the_variant(isa, monkeypatch):
+    runs = [v for v in cpu_isa.ISA_VARIANTS[isa] if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v)]
+    if not runs:
+        pytest.skip(f"this CPU / build has no {isa} variant")
+    monkeypatch.setenv("OCTAVO_CPU_ISA", isa)
+    cpu_isa.clear_cache()
+    try:
+        q, scales, zeros = make_weight(40, 64, 32, 8, sym=True)
+        assert cpu_int.prepack_int(q, scales, zeros, 8).ext.ISA == runs[0]
+    finally:
+        monkeypatch.delenv("OCTAVO_CPU_ISA")
+        cpu_isa.clear_cache()
+
+
+def test_bad_canonical_tensors_are_refused():
+    q, scales, zeros = make_weight(40, 64, 32, 4, sym=True)
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        cpu_int.prepack_int(q, scales, zeros, 3)
+    with pytest.raises(ValueError, match="codes and zero points must be < 16"):
+        cpu_int.prepack_int(q | 16, scales, zeros, 4)
+    with pytest.raises(ValueError, match="q must be uint8"):
+        cpu_int.prepack_int(q.to(torch.int32), scales, zeros, 4)
+    with pytest.raises(ValueError, match="K % G == 0"):
+        cpu_int.prepack_int(q[:, :63], scales, zeros, 4)
+    with pytest.raises(ValueError, match="zeros must be uint8"):
+        cpu_int.prepack_int(q, scales, zeros.float(), 4)
+    q3, s3, z3 = make_weight(8, 66, 33, 4, sym=True)
+    with pytest.raises(ValueError, match="even group size"):
+        cpu_int.prepack_int(q3, s3, z3, 4)
+
+
+def test_bad_call_arguments_are_refused():
+    q, scales, zeros = make_weight(40, 64, 32, 8, sym=True)
+    packed = cpu_int.prepack_int(q, scales, zeros, 8)
+    with pytest.raises(ValueError, match="K=64"):
+        cpu_int.int_linear(torch.randn(2, 65), packed)
+    with pytest.raises(ValueError, match="x .* must be float32, float16 or bfloat16"):
+        cpu_int.int_linear(torch.ones(2, 64, dtype=torch.int32), packed)
+    with pytest.raises(ValueError, match="bias .* must be contiguous float32 \\[40\\]"):
+        packed.ext.int_linear(x=torch.randn(1, 64), out=torch.empty(1, 40), bias=torch.randn(41), **packed._kw())
+    with pytest.raises(ValueError, match="out .* must be \\[1, 40\\]"):
+        packed.ext.int_linear(x=torch.randn(1, 64), out=torch.empty(1, 41), **packed._kw())
+    kw = packed._kw() | {"weight": packed.weight[:, :32]}
+    with pytest.raises(ValueError, match="weight .* must be contiguous \\[2, 64, 32\\]"):
+        packed.ext.int_linear(x=torch.randn(1, 64), out=torch.empty(1, 40), **kw)
+    with pytest.raises(ValueError, match="k a multiple of group"):
+        packed.ext.int_linear(x=torch.randn(1, 64), out=torch.empty(1, 40), **(packed._kw() | {"group": 48}))
