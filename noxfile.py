@@ -411,8 +411,10 @@ def test_cpu_isa(session: nox.Session) -> None:
         if any(b.wait() for b in builds):
             session.error("building tests/csrc/test_kernels.cpp failed")
         session.run(x86, external=True)
+        session.run(f"{x86}-quant", external=True)  # INT8 / INT4 linear kernels
         # Under emulation: every head size and dtype, two block sizes (--quick), to fit CI.
         session.run("qemu-x86_64", "-cpu", "Haswell", x86, "--expect-isa", "avx2", "--quick", external=True)
+        session.run("qemu-x86_64", "-cpu", "Haswell", f"{x86}-quant", "--expect-isa", "avx2", external=True)
         probe = subprocess.run(["qemu-x86_64", "-cpu", "Haswell", x86, "--force", "avx512"],
                                capture_output=True, text=True, check=False)
         if probe.returncode not in (132, -4):  # SIGILL
@@ -420,6 +422,7 @@ def test_cpu_isa(session: nox.Session) -> None:
                           "the emulator does not trap AVX-512, so the Haswell run proves nothing")
         session.log("negative control: forced AVX-512 under -cpu Haswell died with SIGILL, as it must")
         session.run("qemu-aarch64", arm, "--expect-isa", "neon", "--quick", external=True)
+        session.run("qemu-aarch64", f"{arm}-quant", "--expect-isa", "neon", external=True)
     if "--python" in session.posargs:
         code = (
             "import octavo.cpu_isa as c\n"

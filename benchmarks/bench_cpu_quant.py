@@ -8,7 +8,9 @@ Every layer has its own weights (nothing stays cache-resident that would not in 
 One step = every linear once at batch M. The kinds (bf16 = what octavo runs unquantized today;
 int8 per-channel; int4 with groups) are timed in interleaved rounds in one process, so machine
 load hits all of them alike; the report gives medians, the ratio to bf16, the weight bytes
-streamed per step and the resulting GB/s, the load average and the kernel variant.
+streamed per step and the resulting GB/s, the load average and the kernel variant. On a shared
+machine the process CPU time (all threads, spin-waits included) is reported beside the wall
+time: it is far less sensitive to other processes taking the cores.
 
 Example:
   python benchmarks/bench_cpu_quant.py --threads 2 --batch 1,32 --rounds 15 --json-out q.json
@@ -81,16 +83,20 @@ def run(args) -> dict:
         for kind in kinds:  # warm-up
             step(kind, made[kind][0], xs)
         times: dict[str, list[float]] = {k: [] for k in kinds}
+        cpu: dict[str, list[float]] = {k: [] for k in kinds}
         for r in range(args.rounds):
             order = kinds if r % 2 == 0 else kinds[::-1]
             for kind in order:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 step(kind, made[kind][0], xs)
                 times[kind].append(time.perf_counter() - t0)
+                cpu[kind].append(time.process_time() - c0)
         med = {k: statistics.median(v) for k, v in times.items()}
         result["batches"][m] = {
             k: {"median_ms": med[k] * 1e3, "min_ms": min(times[k]) * 1e3, "max_ms": max(times[k]) * 1e3,
                 "ratio_vs_bf16": med[k] / med["bf16"] if "bf16" in med else None,
+                "cpu_ms": statistics.median(cpu[k]) * 1e3,
+                "cpu_ratio_vs_bf16": statistics.median(cpu[k]) / statistics.median(cpu["bf16"]) if "bf16" in med else None,
                 "GB_per_s": made[k][1] / med[k] / 1e9}
             for k in kinds
         }
@@ -120,8 +126,10 @@ def main() -> None:
     for m, per in res["batches"].items():
         for kind, r in per.items():
             ratio = f"{r['ratio_vs_bf16']:.3f}x bf16" if r["ratio_vs_bf16"] is not None else ""
+            cratio = f"{r['cpu_ratio_vs_bf16']:.3f}x" if r["cpu_ratio_vs_bf16"] is not None else ""
             print(f"batch {m:>3} {kind:>9}: {r['median_ms']:8.2f} ms/step (min {r['min_ms']:.2f}, "
-                  f"max {r['max_ms']:.2f})  {ratio:>14}  {r['GB_per_s']:6.1f} GB/s of weights")
+                  f"max {r['max_ms']:.2f})  {ratio:>14}  {r['GB_per_s']:6.1f} GB/s of weights  "
+                  f"| CPU time {r['cpu_ms']:8.2f} ms {cratio}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(res, f, indent=2)

@@ -41,8 +41,8 @@ struct IntLinearArgs {
   int num_threads;  // 0: the OpenMP runtime's current default
 };
 
-// out[n, k] = w[n, k] in `dtype` (rows of o_stride elements): the large-batch path dequantizes
-// and hands the matmul to the BLAS.
+// out[k, n] = w[n, k] in `dtype` (the transposed weight, rows of o_stride >= n elements): the
+// large-batch path dequantizes blocks of tiles into cache and hands each matmul to the BLAS.
 struct IntDequantArgs {
   IntWeights w;
   void* out; int64_t o_stride;

@@ -79,7 +79,7 @@ inline IntDequantArgs int_dequant_args(py::handle weight, py::handle scales, py:
   IntDequantArgs a{};
   a.w = int_weights(fn, weight, scales, zeros, n, k, group, bits);
   const View o = rows_view(fn, "out", out);
-  require(o.size[0] == n && o.size[1] == k, fn, o, "must be [" + std::to_string(n) + ", " + std::to_string(k) + "]");
+  require(o.size[0] == k && o.size[1] == n, fn, o, "must be [" + std::to_string(k) + ", " + std::to_string(n) + "] (k, n)");
   a.out = o.ptr;
   a.o_stride = o.stride[0];
   a.dtype = o.dtype;
@@ -113,5 +113,5 @@ inline void register_quant(py::module_& m) {
         },
         py::kw_only(), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"), py::arg("n"),
         py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("num_threads") = 0,
-        "out [n, k] = the dequantized weights of packed INT8 / INT4 weights, in out's dtype.");
+        "out [k, n] = the dequantized weights of packed INT8 / INT4 weights, transposed, in out's dtype.");
 }

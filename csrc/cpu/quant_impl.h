@@ -96,7 +96,12 @@ template <> struct Act<kFloat32> {
 template <> struct Act<kBFloat16> {
   using T = uint16_t;
   static inline F load16(const T* p) { return load_bf16(p); }
+#if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__)
+  // VCVTNEPS2BF16: round to nearest even in one instruction
+  static inline void store16(T* p, F x) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(x.v)); }
+#else
   static inline void store16(T* p, F x) { store_bf16(p, x); }
+#endif
   static inline float to_f(T x) { return bf16_bits_to_f32(x); }
   static inline T from_f(float x) { return f32_to_bf16_bits(x); }
 };
@@ -321,26 +326,52 @@ static const char* linear_dt(const IntLinearArgs& a) {
 }
 
 // ------------------------------------------------------------------------------------------
-// dequantize: out[n, k] = (q - z) * s in the output dtype
+// dequantize, transposed: out[k, n] = (q[n, k] - z) * s in the output dtype (rows of o_stride
+// elements), so each weight row of a tile is two vector stores; the large-batch path hands
+// these [K, n] blocks to the BLAS as the transposed weight.
 
+// one dequantized row of a tile (32 channels) into out (cols <= 32 of them)
 template <int DT>
-static void dequant_item(void* ctx, int64_t tile, int) {
+static inline void put_row(typename Act<DT>::T* row, int64_t cols, F v0, F v1) {
   using E = Act<DT>;
+  if (cols == kQuantTile) {
+    E::store16(row, v0);
+    E::store16(row + 16, v1);
+    return;
+  }
+  float t[kQuantTile];
+  store(t, v0);
+  store(t + 16, v1);
+  for (int64_t j = 0; j < cols; ++j) row[j] = E::from_f(t[j]);
+}
+
+template <int DT, int BITS>
+static void dequant_item(void* ctx, int64_t tile, int) {
   const IntDequantArgs& a = *(const IntDequantArgs*)ctx;
   const IntWeights& w = a.w;
   const int G = n_groups(w);
   const int64_t nrows = k_rows(w), n0 = tile * kQuantTile;
   const int64_t cols = w.n - n0 < kQuantTile ? w.n - n0 : kQuantTile;
   const uint8_t* wp = w.weight + tile * nrows * kQuantTile;
-  for (int64_t j = 0; j < cols; ++j) {
-    typename E::T* o = (typename E::T*)a.out + (n0 + j) * a.o_stride;
-    for (int g = 0; g < G; ++g) {
-      const float s = w.scales[(tile * G + g) * kQuantTile + j];
-      const float z = w.zeros[(tile * G + g) * kQuantTile + j];
-      for (int64_t k = (int64_t)g * w.group; k < (int64_t)(g + 1) * w.group; ++k) {
-        const uint8_t b = w.bits == 8 ? wp[k * kQuantTile + j] : wp[(k / 2) * kQuantTile + j];
-        const float q = w.bits == 8 ? (float)b : (float)(k % 2 ? b >> 4 : b & 15);
-        o[k] = E::from_f((q - z) * s);
+  typename Act<DT>::T* o = (typename Act<DT>::T*)a.out + n0;
+  const int64_t os = a.o_stride;
+  for (int g = 0; g < G; ++g) {
+    const float* sg = w.scales + (tile * G + g) * kQuantTile;
+    const float* zg = w.zeros + (tile * G + g) * kQuantTile;
+    const F s0 = load(sg), s1 = load(sg + 16), z0 = load(zg), z1 = load(zg + 16);
+    const int64_t k0 = (int64_t)g * w.group, k1 = k0 + w.group;
+    if constexpr (BITS == 8) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const uint8_t* p = wp + k * kQuantTile;
+        put_row<DT>(o + k * os, cols, mul(sub(codes8(p), z0), s0), mul(sub(codes8(p + 16), z1), s1));
+      }
+    } else {
+      for (int64_t k = k0; k < k1; k += 2) {
+        F l0, h0, l1, h1;
+        codes4(wp + (k / 2) * kQuantTile, l0, h0);
+        codes4(wp + (k / 2) * kQuantTile + 16, l1, h1);
+        put_row<DT>(o + k * os, cols, mul(sub(l0, z0), s0), mul(sub(l1, z1), s1));
+        if (k + 1 < k1) put_row<DT>(o + (k + 1) * os, cols, mul(sub(h0, z0), s0), mul(sub(h1, z1), s1));
       }
     }
   }
@@ -362,10 +393,11 @@ static const char* int_linear(const IntLinearArgs& a) {
 static const char* int_dequant(const IntDequantArgs& a) {
   if (const char* e = quant::check_weights(a.w)) return e;
   void (*fn)(void*, int64_t, int) = nullptr;
+  const bool b8 = a.w.bits == 8;
   switch (a.dtype) {
-    case kFloat32: fn = &quant::dequant_item<kFloat32>; break;
-    case kBFloat16: fn = &quant::dequant_item<kBFloat16>; break;
-    case kFloat16: fn = &quant::dequant_item<kFloat16>; break;
+    case kFloat32: fn = b8 ? &quant::dequant_item<kFloat32, 8> : &quant::dequant_item<kFloat32, 4>; break;
+    case kBFloat16: fn = b8 ? &quant::dequant_item<kBFloat16, 8> : &quant::dequant_item<kBFloat16, 4>; break;
+    case kFloat16: fn = b8 ? &quant::dequant_item<kFloat16, 8> : &quant::dequant_item<kFloat16, 4>; break;
     default: return "unsupported dtype";
   }
   const int64_t nt = quant::n_tiles(a.w);

@@ -5,6 +5,7 @@
 #
 #   tests/csrc/build.sh x86_64  OUT     # native g++ (CXX=... to override)
 #   tests/csrc/build.sh aarch64 OUT     # aarch64-linux-gnu-g++, statically linked for qemu-aarch64
+# Also builds OUT-quant: tests/csrc/test_quant.cpp (the INT8 / INT4 linear kernels, quant_kernels.cpp).
 set -euo pipefail
 ARCH=${1:?arch: x86_64 or aarch64}
 OUT=${2:?output binary}
@@ -29,17 +30,25 @@ esac
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
 OBJS=()
+QOBJS=()
 for v in "${VARIANTS[@]}"; do
   IFS='|' read -r name macro flags <<<"$v"
   # shellcheck disable=SC2086
   "$CXX" $COMMON $flags -D"$macro"=1 -DOCTAVO_ISA_NS="isa_$name" -c "$CSRC/kernels.cpp" -o "$TMP/kernels_$name.o" &
   OBJS+=("$TMP/kernels_$name.o")
+  # shellcheck disable=SC2086
+  "$CXX" $COMMON $flags -D"$macro"=1 -DOCTAVO_ISA_NS="isa_$name" -c "$CSRC/quant_kernels.cpp" -o "$TMP/quant_$name.o" &
+  QOBJS+=("$TMP/quant_$name.o")
 done
 # shellcheck disable=SC2086
 "$CXX" $COMMON -fopenmp -c "$CSRC/threading.cpp" -o "$TMP/threading.o" &
 # shellcheck disable=SC2086
 "$CXX" $COMMON -fopenmp -c "$ROOT/tests/csrc/test_kernels.cpp" -o "$TMP/test.o" &
+# shellcheck disable=SC2086
+"$CXX" $COMMON -fopenmp -c "$ROOT/tests/csrc/test_quant.cpp" -o "$TMP/test_quant.o" &
 wait
 # shellcheck disable=SC2086
 "$CXX" $LINK_EXTRA -fopenmp -o "$OUT" "$TMP/test.o" "$TMP/threading.o" "${OBJS[@]}" -ldl -lpthread
-echo "built $OUT ($ARCH: ${#VARIANTS[@]} variants)"
+# shellcheck disable=SC2086
+"$CXX" $LINK_EXTRA -fopenmp -o "$OUT-quant" "$TMP/test_quant.o" "$TMP/threading.o" "${QOBJS[@]}" -ldl -lpthread
+echo "built $OUT and $OUT-quant ($ARCH: ${#VARIANTS[@]} variants)"

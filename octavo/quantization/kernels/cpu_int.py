@@ -8,9 +8,10 @@ per pair of k for 4-bit, two codes a byte), scales and zero points per tile and 
 
 ``int_linear`` then computes ``x @ w.T (+ bias)`` for x of any float dtype, accumulating in
 float32 and rounding once to x's dtype: for up to ``GEMM_MAX_ROWS`` rows in the C++ GEMV/GEMM
-(weights decoded in registers, reused by a block of rows), beyond that by dequantizing the
-weight to x's dtype in C++ and multiplying with torch's BLAS (prefill batches are compute-bound,
-and the BLAS has the better micro-kernel). The ISA variant is the one ``octavo.cpu_isa`` selects
+(weights decoded in registers, reused by a block of rows), beyond that by dequantizing a block
+of tiles at a time into a cache-sized buffer in x's dtype (C++) and multiplying each block with
+torch's BLAS (prefill batches are compute-bound, and the BLAS has the better micro-kernel --
+AMX / AVX512-BF16 where the CPU has them); the weight is still read from memory as codes only. The ISA variant is the one ``octavo.cpu_isa`` selects
 (``OCTAVO_CPU_ISA`` forces one), fixed per packed weight at prepack time.
 
 Importing this module raises ``ImportError`` when the C++ extension is not available, so the
@@ -23,13 +24,13 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
-import torch.nn.functional as F
 
 from octavo import cpu_isa
 
 TILE = 32  # output channels per tile (kQuantTile in quant_api.h)
-# Rows above which the weight is dequantized and multiplied by torch's BLAS.
-GEMM_MAX_ROWS = 48
+# Rows above which the weight is dequantized block by block and multiplied by torch's BLAS.
+GEMM_MAX_ROWS = 40
+BLAS_BLOCK_BYTES = 1 << 20  # one dequantized block of tiles (stays in L2)
 
 cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
 
@@ -114,10 +115,30 @@ def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits
 
 
 def dequantize(packed: PackedInt, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The weight [N, K] the packed codes stand for, in ``dtype``."""
-    out = torch.empty(packed.n, packed.k, dtype=dtype)
+    """The weight [N, K] the packed codes stand for, in ``dtype`` (a transposed view)."""
+    out = torch.empty(packed.k, packed.n, dtype=dtype)
     packed.ext.int_dequant(out=out, **packed._kw())
-    return out
+    return out.T
+
+
+def _blas_linear(x2: torch.Tensor, packed: PackedInt) -> torch.Tensor:
+    """x2 [M, K] @ w.T for many rows: blocks of tiles are dequantized (transposed, into a buffer
+    that stays in cache) and each block's product is the BLAS's; returns [M, N] (a view)."""
+    m, k, n = x2.shape[0], packed.k, packed.n
+    tiles = packed.weight.shape[0]
+    per = max(1, min(tiles, BLAS_BLOCK_BYTES // (k * x2.element_size() * TILE)))
+    buf = torch.empty(k, per * TILE, dtype=x2.dtype)
+    out_t = torch.empty(n, m, dtype=x2.dtype)
+    x_t = x2.T
+    for t0 in range(0, tiles, per):
+        t1 = min(tiles, t0 + per)
+        n0, n1 = t0 * TILE, min(n, t1 * TILE)
+        w_t = buf[:, : n1 - n0]
+        packed.ext.int_dequant(weight=packed.weight[t0:t1], scales=packed.scales[t0:t1],
+                               zeros=packed.zeros[t0:t1], out=w_t, n=n1 - n0, k=k, group=packed.group,
+                               bits=packed.bits)
+        torch.mm(w_t.T, x_t, out=out_t[n0:n1])
+    return out_t.T
 
 
 def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -128,8 +149,10 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     if x2.shape[0] > GEMM_MAX_ROWS:
-        b = bias.to(x.dtype) if bias is not None else None
-        return F.linear(x2, dequantize(packed, x.dtype), b).view(*x.shape[:-1], packed.n)
+        y = _blas_linear(x2, packed).contiguous()
+        if bias is not None:
+            y += bias.to(x.dtype)
+        return y.view(*x.shape[:-1], packed.n)
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)

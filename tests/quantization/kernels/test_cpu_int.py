@@ -98,17 +98,22 @@ def test_fp16_bias_and_leading_dims(variant):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-def test_large_batch_goes_through_dequantize(bits):
-    n, k = 130, 448
+@pytest.mark.parametrize("block_tiles", [2, 1000], ids=["blocks", "one_block"])
+def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
+    n, k = 130, 448  # 5 tiles: blocks of 2, 2 and a partial 1
+    monkeypatch.setattr(cpu_int, "BLAS_BLOCK_BYTES", block_tiles * k * 4 * cpu_int.TILE)
     q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=4)
     packed = cpu_int.prepack_int(q, scales, zeros, bits)
+    w = reference(torch.eye(k), q, scales, zeros).T
+    bias = torch.randn(n)
     for dtype in (torch.float32, torch.bfloat16):
-        assert torch.equal(cpu_int.dequantize(packed, dtype),
-                           reference(torch.eye(k), q, scales, zeros).T.contiguous().to(dtype))
+        assert torch.equal(cpu_int.dequantize(packed, dtype), w.to(dtype))
         m = cpu_int.GEMM_MAX_ROWS + 17
         x = torch.randn(m, k).to(dtype)
         tol = TOL[dtype] if dtype == torch.float32 else 2e-2  # bf16 weights in the BLAS
-        assert rel_err(cpu_int.int_linear(x, packed), reference(x, q, scales, zeros)) < tol
+        y = cpu_int.int_linear(x, packed, bias)
+        assert y.shape == (m, n) and y.dtype == dtype and y.is_contiguous()
+        assert rel_err(y, reference(x, q, scales, zeros, bias)) < tol
 
 
 def test_threads_do_not_change_the_result():
