@@ -18,9 +18,10 @@ const QuantKernels* quant_kernels();
 
 namespace bind {
 
-inline bool has_dtype(py::handle t, const char* torch_name) {
-  static py::object torch = py::module_::import("torch");
-  return py::getattr(t, "dtype").is(torch.attr(torch_name));
+inline bool is_uint8(py::handle t) {
+  // Never destroyed: the object must not be released after the interpreter shuts down.
+  static const py::object* u8 = new py::object(py::module_::import("torch").attr("uint8"));
+  return py::getattr(t, "dtype").is(*u8);
 }
 
 // The packed weight, scales and zeros of (n, k, group, bits), checked against each other.
@@ -32,7 +33,7 @@ inline IntWeights int_weights(const char* fn, py::handle weight, py::handle scal
                  std::to_string(k) + ", group=" + std::to_string(group) + ")");
   const int64_t tiles = (n + kQuantTile - 1) / kQuantTile, rows = bits == 8 ? k : (k + 1) / 2;
   View w = view(fn, "weight", weight, 3);
-  require(has_dtype(weight, "uint8"), fn, w, "must be uint8");
+  require(is_uint8(weight), fn, w, "must be uint8");
   require(w.contiguous() && w.size[0] == tiles && w.size[1] == rows && w.size[2] == kQuantTile, fn, w,
           "must be contiguous [" + std::to_string(tiles) + ", " + std::to_string(rows) + ", 32] for n=" +
               std::to_string(n) + ", k=" + std::to_string(k) + ", bits=" + std::to_string(bits));
