@@ -20,6 +20,10 @@ def _float(name: str, default: float) -> Callable[[], float]:
     return lambda: float(os.environ.get(name, str(default)))
 
 
+def _opt_float(name: str) -> Callable[[], float | None]:
+    return lambda: float(os.environ[name]) if os.environ.get(name, "").strip() else None
+
+
 def _bool(name: str, default: bool) -> Callable[[], bool]:
     return lambda: os.environ.get(name, "1" if default else "0").strip().lower() in (
         "1",
@@ -45,8 +49,9 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "Force the mixture-of-experts kernel by name (torch_ref, cpu_grouped, triton_grouped).",
     ),
     "OCTAVO_CPU_KVCACHE_SPACE": (
-        _float("OCTAVO_CPU_KVCACHE_SPACE", 4.0),
-        "GiB of host memory for the KV cache on the CPU platform.",
+        _opt_float("OCTAVO_CPU_KVCACHE_SPACE"),
+        "GiB of host memory for the KV cache on the CPU platform (unset: what max_num_seqs "
+        "sequences of max_model_len tokens need, at most half the available memory).",
     ),
     "OCTAVO_CPU_ISA": (
         _str("OCTAVO_CPU_ISA", None),

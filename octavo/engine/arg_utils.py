@@ -103,7 +103,7 @@ class EngineArgs:
     num_gpu_blocks_override: int | None = None
     """Use exactly this many KV cache blocks instead of sizing the cache from memory."""
     gpu_memory_utilization: float = 0.9
-    """Fraction of accelerator memory octavo may use (weights + KV cache), in (0, 1]. The CPU sizes its cache from OCTAVO_CPU_KVCACHE_SPACE instead."""
+    """Fraction of accelerator memory octavo may use (weights + KV cache), in (0, 1]. The CPU sizes its cache from OCTAVO_CPU_KVCACHE_SPACE (default: the workload) instead."""
     kv_cache_dtype: str = "auto"
     """KV cache dtype: auto (the model dtype) or one the platform lists in `octavo info`."""
     max_num_batched_tokens: int | None = None

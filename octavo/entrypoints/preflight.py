@@ -82,7 +82,7 @@ def warn_ignored(args: argparse.Namespace) -> None:
     if current_platform.device_is_host() and getattr(args, "gpu_memory_utilization", 0.9) != 0.9:
         logger.warning(
             "--gpu-memory-utilization has no effect on the CPU: the KV cache takes "
-            "OCTAVO_CPU_KVCACHE_SPACE GiB of host memory instead"
+            "OCTAVO_CPU_KVCACHE_SPACE GiB of host memory (default: what the workload needs) instead"
         )
 
 

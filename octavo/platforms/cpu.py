@@ -70,17 +70,34 @@ class CpuPlatform(Platform):
 
     @classmethod
     def kv_cache_memory_bytes(cls, config, model_bytes: int, peak_bytes: int) -> int:
-        """The KV cache gets ``OCTAVO_CPU_KVCACHE_SPACE`` GiB of host memory, not a fraction."""
+        """The KV cache gets ``cpu_kvcache_space_bytes`` of host memory (set by
+        ``check_and_update_config``: ``OCTAVO_CPU_KVCACHE_SPACE`` or the workload's need)."""
         space = config.cache_config.cpu_kvcache_space_bytes
-        return space if space is not None else int(envs.OCTAVO_CPU_KVCACHE_SPACE * GiB)
+        return space if space is not None else cls.auto_kvcache_space_bytes(config)
+
+    @classmethod
+    def auto_kvcache_space_bytes(cls, config) -> int:
+        """What ``max_num_seqs`` sequences of ``max_model_len`` tokens need (whole blocks),
+        at most half the memory available now, and never less than one full-length sequence
+        (so a too-small machine fails with the cache-size error that names the flags)."""
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        elem = torch.empty((), dtype=mc.dtype).element_size() if cc.kv_cache_dtype == "auto" else 1
+        per_token = 2 * mc.num_layers * mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
+        per_token *= mc.head_size * elem
+        blocks_per_seq = -(-sc.max_model_len // cc.block_size)
+        one_seq = blocks_per_seq * cc.block_size * per_token
+        want = sc.max_num_seqs * one_seq
+        free, _ = cls.mem_get_info()
+        return max(one_seq, min(want, free // 2))
 
     @classmethod
     def check_and_update_config(cls, config):
         config = super().check_and_update_config(config)
         if config.cache_config.cpu_kvcache_space_bytes is None:
-            space = int(envs.OCTAVO_CPU_KVCACHE_SPACE * GiB)
-            if space <= 0:
-                raise ValueError(f"OCTAVO_CPU_KVCACHE_SPACE must be > 0 GiB, got {envs.OCTAVO_CPU_KVCACHE_SPACE}")
+            gib = envs.OCTAVO_CPU_KVCACHE_SPACE
+            if gib is not None and gib <= 0:
+                raise ValueError(f"OCTAVO_CPU_KVCACHE_SPACE must be > 0 GiB, got {gib}")
+            space = int(gib * GiB) if gib is not None else cls.auto_kvcache_space_bytes(config)
             config = config.replace(cache_config=replace(config.cache_config, cpu_kvcache_space_bytes=space))
         return config
 
@@ -91,5 +108,10 @@ class CpuPlatform(Platform):
             "device": cls.get_device_name(),
             "cpu isa": f"{isa} ({why})",
             "threads": str(torch.get_num_threads()),
-            "kv cache space": f"{envs.OCTAVO_CPU_KVCACHE_SPACE:g} GiB (OCTAVO_CPU_KVCACHE_SPACE)",
+            "kv cache space": (
+                f"{envs.OCTAVO_CPU_KVCACHE_SPACE:g} GiB (OCTAVO_CPU_KVCACHE_SPACE)"
+                if envs.OCTAVO_CPU_KVCACHE_SPACE is not None
+                else "auto: max_num_seqs x max_model_len, at most half the free memory "
+                "(OCTAVO_CPU_KVCACHE_SPACE unset)"
+            ),
         }

@@ -140,9 +140,12 @@ class ModelRunner:
                 "more memory"
             )
         shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, self.num_kv_heads_local, mc.head_size)
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)
-        ]
+        # Host memory: uninitialised, so no page is touched until a token is written there (a
+        # zero fill costs seconds per GiB at startup); the kernels read only slots the slot
+        # mapping wrote (positions < seq_len, inside any sliding window). Device memory is
+        # zeroed (a fast memset): padded graph rows there read the null block.
+        alloc = torch.empty if self.platform.device_is_host() else torch.zeros
+        self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)]
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             layer.kv_cache = cache
         self.num_blocks = num_blocks
