@@ -32,7 +32,8 @@ from pathlib import Path
 from setuptools import setup
 
 CSRC = "csrc/cpu"
-SOURCES = [f"{CSRC}/kernels.cpp", f"{CSRC}/threading.cpp", f"{CSRC}/bindings.cpp", f"{CSRC}/quant_kernels.cpp"]
+SOURCES = [f"{CSRC}/kernels.cpp", f"{CSRC}/threading.cpp", f"{CSRC}/bindings.cpp", f"{CSRC}/quant_kernels.cpp",
+           f"{CSRC}/gemv.cpp"]
 HEADERS = sorted(str(p) for p in Path(CSRC).glob("*.h"))  # rebuild on change
 COMMON_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wall", "-Wno-unused-function", "-Wno-maybe-uninitialized", "-Wno-uninitialized"]
 

@@ -29,6 +29,13 @@ static const Kernels* kern() {
 }
 
 #include "tensor_args.h"
+#include "gemv_args.h"
+
+namespace octavo {
+namespace OCTAVO_ISA_NS {
+void gemv_bf16(const GemvArgs& a);  // gemv.cpp
+}
+}  // namespace octavo
 
 // Runs a kernel that checks its own arguments (it returns nullptr, or why it computed nothing)
 // with the GIL released; a refusal becomes ValueError("<name>: <why>"), an allocation that
@@ -139,4 +146,13 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         "Neox RoPE of q [T, H, D] and k [T, Hk, D] into contiguous q_out, k_out.");
 
   register_quant(m);
+
+  m.def("gemv",
+        [](py::handle x, py::handle weight, py::handle out, py::handle bias, int num_threads) {
+          run_unchecked(octavo::OCTAVO_ISA_NS::gemv_bf16,
+                        octavo::bind::gemv_args(x, weight, out, bias, num_threads));
+        },
+        py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("out"), py::arg("bias") = py::none(),
+        py::arg("num_threads") = 0,
+        "out [m, n] = x [m, k] @ W^T (+ bias), bf16, W packed [n / 16, k / 2, 16, 2] (see gemv.h).");
 }

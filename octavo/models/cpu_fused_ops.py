@@ -118,10 +118,57 @@ def _packed(owner, weight: torch.Tensor):
     return cache[1]
 
 
+# -- decode batch sizes: octavo's bf16 GEMV (csrc/cpu/gemv.cpp) -------------------------------
+# At a few rows the linear layers are pure weight streaming. The GEMV reads a copy of the
+# weight packed once as [N/16, K/2, 16, 2] (one 64-byte vector per k pair of 16 output rows)
+# exactly once per call, sequentially, with VDPBF16PS where the CPU has it. Above
+# ``GEMV_MAX_ROWS`` rows (prefill) oneDNN's blocked GEMM (AMX where present) is faster.
+
+_gemv = getattr(_ext, "gemv", None)
+GEMV = _gemv is not None
+GEMV_MAX_ROWS = 4
+
+
+def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> the GEMV layout [N/16, K/2, 16, 2] (N % 16 == 0, K % 2 == 0)."""
+    n, k = weight.shape
+    return weight.detach().reshape(n // 16, 16, k // 2, 2).transpose(1, 2).contiguous()
+
+
+def _gemv_weight(owner, weight: torch.Tensor) -> torch.Tensor | None:
+    """The packed copy of ``weight`` cached on ``owner`` (rebuilt when the weight changes)."""
+    cache = owner.__dict__.get("_octavo_gemv")
+    key = (weight._version, weight.data_ptr())
+    if cache is None or cache[0] != key or cache[2] is not weight:
+        n, k = weight.shape if weight.dim() == 2 else (0, 1)
+        if weight.dtype != torch.bfloat16 or n % 16 or k % 2 or n == 0:
+            owner.__dict__["_octavo_no_gemv"] = True
+            return None
+        cache = (key, pack_gemv_weight(weight), weight)
+        owner.__dict__["_octavo_gemv"] = cache
+    return cache[1]
+
+
+def gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` for bf16 ``x`` [..., K] and ``W`` packed by ``pack_gemv_weight``."""
+    k = x.shape[-1]
+    x2 = _rows(x, k)
+    out = torch.empty((x2.shape[0], packed.shape[0] * 16), dtype=x.dtype)
+    if bias is not None and not bias.is_contiguous():
+        bias = bias.contiguous()
+    _gemv(x=x2, weight=packed, out=out, bias=bias)
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def linear(layer, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None):
-    """``F.linear(x, weight, bias)`` with ``layer``'s weight (or ``weight``) prepacked once."""
+    """``F.linear(x, weight, bias)`` with ``layer``'s weight (or ``weight``) prepacked once:
+    octavo's GEMV at decode batch sizes, oneDNN's blocked GEMM above."""
     w = layer.weight if weight is None else weight
     b = getattr(layer, "bias", None) if weight is None else bias
+    if GEMV and x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and not layer.__dict__.get("_octavo_no_gemv"):
+        packed = _gemv_weight(layer, w) if w.dtype == x.dtype else None
+        if packed is not None and (b is None or b.dtype == x.dtype):
+            return gemv(x, packed, b)
     packed = _packed(layer, w) if w.dtype == x.dtype else None
     if packed is None:
         return torch.nn.functional.linear(x, w, b)
