@@ -102,11 +102,26 @@ class CpuPlatform(Platform):
         return config
 
     @classmethod
+    def linear_kernels(cls) -> str:
+        """Which kernels bf16 linear layers run on (single rank)."""
+        try:
+            from octavo.models import cpu_fused_ops as cfo
+        except ImportError as e:
+            return f"torch (C++ CPU kernels unavailable: {e})"
+        ext = cfo._ext
+        gemv = (
+            f"octavo bf16 GEMV ({ext.ISA}{', VDPBF16PS' if ext.BF16_DOT else ''}) up to "
+            f"{cfo.GEMV_MAX_ROWS} rows, " if cfo.GEMV else ""
+        )
+        return gemv + ("oneDNN with prepacked weights" + (" above" if gemv else "") if cfo.PREPACK else "torch")
+
+    @classmethod
     def describe(cls) -> dict[str, str]:
         isa, why = cls.get_cpu_isa()
         return {
             "device": cls.get_device_name(),
             "cpu isa": f"{isa} ({why})",
+            "linear kernels": cls.linear_kernels(),
             "threads": str(torch.get_num_threads()),
             "kv cache space": (
                 f"{envs.OCTAVO_CPU_KVCACHE_SPACE:g} GiB (OCTAVO_CPU_KVCACHE_SPACE)"

@@ -98,3 +98,10 @@ def test_linear_uses_the_gemv_at_decode_sizes_and_follows_weight_updates(monkeyp
         x = torch.randn(1, 256).to(torch.bfloat16)
         _check(layers.linear(odd, x), x, odd.weight, odd.bias)
     assert odd.__dict__.get("_octavo_no_gemv")
+
+
+def test_octavo_info_names_the_linear_kernels():
+    from octavo.platforms.cpu import CpuPlatform
+
+    line = CpuPlatform.describe()["linear kernels"]
+    assert f"GEMV ({cfo._ext.ISA}" in line and f"up to {cfo.GEMV_MAX_ROWS} rows" in line
