@@ -39,6 +39,9 @@ for v in "${VARIANTS[@]}"; do
   # shellcheck disable=SC2086
   "$CXX" $COMMON $flags -D"$macro"=1 -DOCTAVO_ISA_NS="isa_$name" -c "$CSRC/quant_kernels.cpp" -o "$TMP/quant_$name.o" &
   QOBJS+=("$TMP/quant_$name.o")
+  # shellcheck disable=SC2086
+  "$CXX" $COMMON $flags -D"$macro"=1 -DOCTAVO_ISA_NS="isa_$name" -c "$CSRC/gemv.cpp" -o "$TMP/gemv_$name.o" &
+  OBJS+=("$TMP/gemv_$name.o")
 done
 # shellcheck disable=SC2086
 "$CXX" $COMMON -fopenmp -c "$CSRC/threading.cpp" -o "$TMP/threading.o" &

@@ -24,12 +24,13 @@
 
 #include "api.h"
 #include "cpu_features.h"
+#include "gemv.h"
 #include "scalar_convert.h"
 
 extern "C" void GOMP_parallel(void (*)(void*), void*, unsigned, unsigned);
 
 #define DECLARE_VARIANT(ns) \
-  namespace octavo { namespace ns { const Kernels* kernels(); } }
+  namespace octavo { namespace ns { const Kernels* kernels(); void gemv_bf16(const GemvArgs&); } }
 #if defined(__x86_64__)
 DECLARE_VARIANT(isa_avx512_bf16)
 DECLARE_VARIANT(isa_avx512)
@@ -44,18 +45,19 @@ using octavo::Kernels;
 struct Variant {
   const char* name;
   const Kernels* (*get)();
+  void (*gemv)(const octavo::GemvArgs&);
 };
 
 static std::vector<Variant> all_variants() {
   return {
 #if defined(__x86_64__)
-      {"avx512_bf16", &octavo::isa_avx512_bf16::kernels},
-      {"avx512", &octavo::isa_avx512::kernels},
-      {"avx2", &octavo::isa_avx2::kernels},
+      {"avx512_bf16", &octavo::isa_avx512_bf16::kernels, &octavo::isa_avx512_bf16::gemv_bf16},
+      {"avx512", &octavo::isa_avx512::kernels, &octavo::isa_avx512::gemv_bf16},
+      {"avx2", &octavo::isa_avx2::kernels, &octavo::isa_avx2::gemv_bf16},
 #elif defined(__aarch64__)
-      {"neon", &octavo::isa_neon::kernels},
+      {"neon", &octavo::isa_neon::kernels, &octavo::isa_neon::gemv_bf16},
 #endif
-      {"scalar", &octavo::isa_scalar::kernels},
+      {"scalar", &octavo::isa_scalar::kernels, &octavo::isa_scalar::gemv_bf16},
   };
 }
 
@@ -403,6 +405,34 @@ static void bench(const Kernels* k) {
   }
 }
 
+// bf16 GEMV (gemv.h) against a double-precision reference of the same bf16 inputs.
+static void test_gemv(const char* isa, void (*gemv)(const octavo::GemvArgs&)) {
+  const int shapes[][3] = {{1, 16, 2}, {3, 48, 64}, {4, 576, 576}, {5, 80, 96}, {1, 4112, 256}};
+  for (const auto& s : shapes) {
+    const int m = s[0], n = s[1], k = s[2];
+    std::vector<uint16_t> x(m * k), w(n * k), packed(n * k), bias(n), out(m * n);
+    for (auto& v : x) put(&v, 0, octavo::kBFloat16, nrand());
+    for (auto& v : w) put(&v, 0, octavo::kBFloat16, nrand() / 8);
+    for (auto& v : bias) put(&v, 0, octavo::kBFloat16, nrand());
+    for (int r = 0; r < n; ++r)  // [n/16, k/2, 16, 2]
+      for (int c = 0; c < k; ++c) packed[((r / 16) * (k / 2) + c / 2) * 32 + (r % 16) * 2 + c % 2] = w[r * k + c];
+    octavo::GemvArgs a{x.data(), k, packed.data(), bias.data(), out.data(), n, m, n, k, 2};
+    gemv(a);
+    double worst = 0;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        double ref = get(bias.data(), j, octavo::kBFloat16);
+        for (int c = 0; c < k; ++c) ref += get(x.data(), i * k + c, octavo::kBFloat16) * get(w.data(), j * k + c, octavo::kBFloat16);
+        const double err = fabs(get(out.data(), i * n + j, octavo::kBFloat16) - ref) / (1.0 + fabs(ref));
+        if (err > worst) worst = err;
+      }
+    const bool ok = worst < 1e-2;
+    if (!ok) ++failures;
+    printf("  gemv m=%d n=%d k=%d: max rel err %.2e %s\n", m, n, k, worst, ok ? "ok" : "FAIL");
+  }
+  (void)isa;
+}
+
 int main(int argc, char** argv) {
   octavo::threading::set_openmp((void*)&GOMP_parallel, (void*)&omp_get_thread_num,
                                 (void*)&omp_get_max_threads);
@@ -449,6 +479,7 @@ int main(int argc, char** argv) {
     }
     test_attention(k, quick);
     test_small_ops(k);
+    test_gemv(k->isa, v.gemv);
   }
   if (failures) {
     printf("%d FAILURES\n", failures);
