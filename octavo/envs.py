@@ -63,7 +63,8 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     "OCTAVO_DECODE_GEMV": (
         _str("OCTAVO_DECODE_GEMV", None),
-        "GPU linears at batch <= 8: auto (time the Triton GEMV against cuBLAS at load), table, or off.",
+        "Small-batch linears: GPU (<= 8 rows) auto (time the Triton GEMV against cuBLAS at load), "
+        "table, or off; CPU (<= 4 rows, bf16) octavo's GEMV unless off.",
     ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),

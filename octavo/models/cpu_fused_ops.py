@@ -129,6 +129,16 @@ GEMV = _gemv is not None
 GEMV_MAX_ROWS = 4
 
 
+def select_linear_kernels(model, policy: str) -> None:
+    """Mark the linears the GEMV serves at decode sizes (``bind_fused_ops`` calls this unless
+    the platform's decode-GEMV policy is "off"). On the CPU "auto" and "table" are the same:
+    every bf16 weight with rows a multiple of 16 and an even row length; nothing is timed."""
+    for m in model.modules():
+        w = m.__dict__.get("_parameters", {}).get("weight")
+        if w is not None and w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0:
+            m.__dict__["_octavo_use_gemv"] = True
+
+
 def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> the GEMV layout [N/16, K/2, 16, 2] (N % 16 == 0, K % 2 == 0)."""
     n, k = weight.shape
@@ -165,7 +175,8 @@ def linear(layer, x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
     octavo's GEMV at decode batch sizes, oneDNN's blocked GEMM above."""
     w = layer.weight if weight is None else weight
     b = getattr(layer, "bias", None) if weight is None else bias
-    if GEMV and x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and not layer.__dict__.get("_octavo_no_gemv"):
+    d = layer.__dict__
+    if GEMV and x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and d.get("_octavo_use_gemv") and not d.get("_octavo_no_gemv"):
         packed = _gemv_weight(layer, w) if w.dtype == x.dtype else None
         if packed is not None and (b is None or b.dtype == x.dtype):
             return gemv(x, packed, b)

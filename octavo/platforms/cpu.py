@@ -27,6 +27,7 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
     default_block_size = 16
     fused_op_kernels = "cpu"
+    decode_gemv = "table"  # octavo's bf16 GEMV for linears at <= 4 rows (OCTAVO_DECODE_GEMV=off: oneDNN)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -111,7 +112,7 @@ class CpuPlatform(Platform):
         ext = cfo._ext
         gemv = (
             f"octavo bf16 GEMV ({ext.ISA}{', VDPBF16PS' if ext.BF16_DOT else ''}) up to "
-            f"{cfo.GEMV_MAX_ROWS} rows, " if cfo.GEMV else ""
+            f"{cfo.GEMV_MAX_ROWS} rows, " if cfo.GEMV and cls.decode_gemv_policy() != "off" else ""
         )
         return gemv + ("oneDNN with prepacked weights" + (" above" if gemv else "") if cfo.PREPACK else "torch")
 

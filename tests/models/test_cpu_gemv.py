@@ -80,7 +80,7 @@ def test_gemv_rejects_bad_arguments(variant):
 
 def test_linear_uses_the_gemv_at_decode_sizes_and_follows_weight_updates(monkeypatch):
     lin = torch.nn.Linear(256, 96, bias=True).to(torch.bfloat16)
-    layers.bind_fused_ops(lin, "cpu")
+    layers.bind_fused_ops(lin, "cpu", "table")
     calls = []
     real = cfo.gemv
     monkeypatch.setattr(cfo, "gemv", lambda *a: calls.append(a[0].shape) or real(*a))
@@ -93,11 +93,24 @@ def test_linear_uses_the_gemv_at_decode_sizes_and_follows_weight_updates(monkeyp
         x = torch.randn(2, 256).to(torch.bfloat16)
         _check(layers.linear(lin, x), x, lin.weight, lin.bias)
     odd = torch.nn.Linear(256, 40).to(torch.bfloat16)  # 40 rows: not a multiple of 16, oneDNN
-    layers.bind_fused_ops(odd, "cpu")
+    off = torch.nn.Linear(256, 96).to(torch.bfloat16)  # the platform's policy "off": oneDNN
+    layers.bind_fused_ops(odd, "cpu", "table")
+    layers.bind_fused_ops(off, "cpu", "off")
+    calls.clear()
     with torch.inference_mode():
         x = torch.randn(1, 256).to(torch.bfloat16)
         _check(layers.linear(odd, x), x, odd.weight, odd.bias)
-    assert odd.__dict__.get("_octavo_no_gemv")
+        _check(layers.linear(off, x), x, off.weight, off.bias)
+    assert calls == []
+
+
+def test_cpu_platform_binds_the_gemv_unless_turned_off(monkeypatch):
+    from octavo.platforms.cpu import CpuPlatform
+
+    assert CpuPlatform.decode_gemv_policy() == "table"
+    monkeypatch.setenv("OCTAVO_DECODE_GEMV", "off")
+    assert CpuPlatform.decode_gemv_policy() == "off"
+    assert "GEMV" not in CpuPlatform.describe()["linear kernels"]
 
 
 def test_octavo_info_names_the_linear_kernels():
