@@ -105,16 +105,16 @@ class CpuPlatform(Platform):
     @classmethod
     def linear_kernels(cls) -> str:
         """Which kernels bf16 linear layers run on (single rank)."""
+        from octavo import cpu_isa
+
         try:
-            from octavo.models import cpu_fused_ops as cfo
+            ext = cpu_isa.load_extension()
         except ImportError as e:
-            return f"torch (C++ CPU kernels unavailable: {e})"
-        ext = cfo._ext
-        gemv = (
-            f"octavo bf16 GEMV ({ext.ISA}{', VDPBF16PS' if ext.BF16_DOT else ''}) up to "
-            f"{cfo.GEMV_MAX_ROWS} rows, " if cfo.GEMV and cls.decode_gemv_policy() != "off" else ""
-        )
-        return gemv + ("oneDNN with prepacked weights" + (" above" if gemv else "") if cfo.PREPACK else "torch")
+            return f"oneDNN through torch (C++ CPU kernels unavailable: {e})"
+        if not hasattr(ext, "gemv") or cls.decode_gemv_policy() == "off":
+            return "oneDNN with prepacked weights"
+        dot = ", VDPBF16PS" if ext.BF16_DOT else ""
+        return f"octavo bf16 GEMV ({ext.ISA}{dot}) at decode batch sizes, oneDNN with prepacked weights above"
 
     @classmethod
     def describe(cls) -> dict[str, str]:

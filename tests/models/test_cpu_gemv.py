@@ -117,4 +117,4 @@ def test_octavo_info_names_the_linear_kernels():
     from octavo.platforms.cpu import CpuPlatform
 
     line = CpuPlatform.describe()["linear kernels"]
-    assert f"GEMV ({cfo._ext.ISA}" in line and f"up to {cfo.GEMV_MAX_ROWS} rows" in line
+    assert f"GEMV ({cfo._ext.ISA}" in line and "decode batch sizes" in line
