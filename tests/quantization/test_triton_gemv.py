@@ -84,6 +84,77 @@ def test_split_fills_the_gpu_and_keeps_whole_tiles():
     assert [g.bucket(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
 
 
+def test_rotation_copies_span_the_budget_within_the_cap():
+    mb = 1 << 20
+    assert g.rotation_copies(32 * mb, 128 * mb) == 4  # Llama-8B o_proj: 4 copies = 128 MB
+    assert g.rotation_copies(1000 * mb, 128 * mb) == 1  # an LM head alone exceeds L2
+    assert g.rotation_copies(mb, 128 * mb, cap=64) == 64
+    assert g.rotation_copies(48 * mb, 128 * mb) == 3
+    for size in (1, 7 * mb, 33 * mb, 300 * mb):
+        c = g.rotation_copies(size, 128 * mb)
+        assert 1 <= c <= g.MAX_COPIES and (c - 1) * size <= 128 * mb
+
+
+class _FakeTimer:
+    """Stands in for the device clock: runs the first call for real (a recorder notes which
+    tiling launched, none for cuBLAS) and returns that method's scripted time."""
+
+    def __init__(self, monkeypatch, times: dict[str, float]):
+        self.times, self.calls, self.last = times, [], None
+        real = g.launch
+
+        def recording_launch(*a, **kw):
+            self.last = a[4].describe()
+            return real(*a, **kw)
+
+        monkeypatch.setattr(g, "launch", recording_launch)
+
+    def __call__(self, calls):
+        self.last = None
+        calls[0]()
+        self.calls.append((self.last or "cublas", len(calls)))
+        return self.times.get(self.last or "cublas", 1.0)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_selection_picks_the_fastest_by_the_rotating_timer(monkeypatch):
+    n, k = 16, 1024
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)).bfloat16()
+    cands = [c.describe() for c in g.candidates(n, k, 1, 132)]
+    fastest = cands[-1]
+    timer = _FakeTimer(monkeypatch, {"cublas": 10.0, **dict.fromkeys(cands, 9.9), fastest: 5.0})
+    budget = 4 * w.numel() * w.element_size()
+    cfg, times = g.time_against_cublas(w, 1, 132, timer=timer, budget=budget)
+    assert cfg is not None and cfg.describe() == fastest and times[fastest] == 5.0
+    # every method timed once, over the same 4 rotating copies
+    assert [c for c, _ in timer.calls] == ["cublas", *cands] and {n for _, n in timer.calls} == {4}
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_selection_keeps_cublas_within_the_margin_and_skips_wrong_results(monkeypatch):
+    n, k = 16, 1024
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(1)).bfloat16()
+    cands = [c.describe() for c in g.candidates(n, k, 2, 132)]
+    # within 3% of cuBLAS is no win: cuBLAS stays
+    timer = _FakeTimer(monkeypatch, {"cublas": 10.0, **dict.fromkeys(cands, 9.8)})
+    cfg, _ = g.time_against_cublas(w, 2, 132, timer=timer)
+    assert cfg is None
+    # a tiling whose numbers are wrong is never timed nor chosen, however fast it would be
+    bad = g.candidates(n, k, 2, 132)[0]
+    real = g.launch
+
+    def corrupt(x, wt, nn, kk, c, **kw):
+        y = real(x, wt, nn, kk, c, **kw)
+        return y * 2 if c == bad else y
+
+    monkeypatch.setattr(g, "launch", corrupt)
+    timer = _FakeTimer(monkeypatch, {"cublas": 10.0, **dict.fromkeys(cands, 8.0), bad.describe(): 1.0})
+    cfg, times = g.time_against_cublas(w, 2, 132, timer=timer)
+    assert cfg is not None and cfg != bad and times[cfg.describe()] == 8.0
+    assert times[bad.describe()] != times[bad.describe()]  # nan
+    assert bad.describe() not in [c for c, _ in timer.calls]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
 @pytest.mark.parametrize("shape", LLAMA8B, ids=lambda s: f"{s[0]}x{s[1]}")

@@ -298,31 +298,76 @@ def bucket(m: int) -> int:
     return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
 
 
-def _time_ms(fn) -> float:
-    from triton.testing import do_bench
+# Decode streams every layer's weights from HBM (a model is far larger than L2), so a timing
+# that re-reads one weight from L2 favours the wrong tiling. The timing instead rotates over
+# enough copies of the weight that together exceed L2 several times (H100/H200: 50 MB), each
+# call reading a copy evicted since its last use, and replays the calls back to back from a
+# CUDA graph as the decode step does (no host launch gaps, no cache-flush kernel in between).
+ROTATE_BYTES = 128 << 20
+MAX_COPIES = 64
 
-    return float(do_bench(fn, warmup=5, rep=20, return_mode="median"))
+
+def rotation_copies(weight_bytes: int, budget: int = ROTATE_BYTES, cap: int = MAX_COPIES) -> int:
+    """How many copies of a ``weight_bytes`` weight the timing cycles through: enough to span
+    ``budget`` bytes (so none is still in L2 when its turn comes again), at least 1, at most
+    ``cap`` (the extra memory is ``(copies - 1) * weight_bytes <= budget``)."""
+    return max(1, min(cap, -(-budget // max(1, weight_bytes))))
+
+
+def graph_time_ms(calls: list, reps: int = 7, min_ms: float = 0.5) -> float:
+    """Median ms per call of ``calls`` run back to back from one captured CUDA graph: each call
+    is run once first (compiles, and proves it runs), then the graph is replayed in ``reps``
+    measurements of at least ``min_ms`` each. A call that cannot be captured raises."""
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+
+    def measure(times: int) -> float:
+        events[0].record()
+        for _ in range(times):
+            graph.replay()
+        events[1].record()
+        events[1].synchronize()
+        return events[0].elapsed_time(events[1]) / times
+
+    est = measure(1)
+    inner = max(1, int(min_ms / max(est, 1e-3)))
+    samples = sorted(measure(inner) for _ in range(reps))
+    return samples[len(samples) // 2] / len(calls)
 
 
 def time_against_cublas(
-    weight: torch.Tensor, m: int, sms: int, margin: float = 0.97
+    weight: torch.Tensor, m: int, sms: int, margin: float = 0.97, timer=None,
+    budget: int = ROTATE_BYTES,
 ) -> tuple[GemvConfig | None, dict[str, float]]:
     """Time cuBLAS (``F.linear``) and each candidate on ``weight`` [N, K] at ``m`` rows; return
     the fastest candidate if it beats cuBLAS by ``margin`` (else None: keep cuBLAS) and every
-    time in ms. A candidate whose result disagrees with cuBLAS is never chosen."""
+    time in ms. A candidate whose result disagrees with cuBLAS, or that fails, is never chosen.
+
+    ``timer(calls) -> ms per call`` (default ``graph_time_ms``) gets one call per weight copy
+    (``rotation_copies``; the copies are freed on return), so every method is timed streaming
+    its weight from memory as in decode."""
+    timer = timer or graph_time_ms
     n, k = weight.shape
     gen = torch.Generator(device=weight.device).manual_seed(m)
     x = torch.randn((m, k), generator=gen, device=weight.device, dtype=torch.float32).to(weight.dtype)
-    ref = torch.nn.functional.linear(x, weight)
-    times = {"cublas": _time_ms(lambda: torch.nn.functional.linear(x, weight))}
+    ref = torch.nn.functional.linear(x, weight).float()
+    copies = rotation_copies(weight.numel() * weight.element_size(), budget)
+    ws = [weight] + [weight.clone() for _ in range(copies - 1)]
+    times = {"cublas": timer([lambda w=w: torch.nn.functional.linear(x, w) for w in ws])}
     best, best_t = None, times["cublas"] * margin
     for cfg in candidates(n, k, m, sms):
-        def run(cfg=cfg):
-            return launch(x, weight, n, k, cfg, out_dtype=weight.dtype, dot_dtype=weight.dtype)
+        def run(w, cfg=cfg):
+            return launch(x, w, n, k, cfg, out_dtype=weight.dtype, dot_dtype=weight.dtype)
 
         try:
-            err = float((run().float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30))
-            t = _time_ms(run) if err < 2e-2 else float("nan")
+            err = float((run(weight).float() - ref).norm() / ref.norm().clamp_min(1e-30))
+            t = timer([lambda w=w: run(w) for w in ws]) if err < 2e-2 else float("nan")
         except Exception as e:  # a tiling this compiler/GPU rejects: never chosen
             logger.warning("decode GEMV %s for [%d, %d] at M=%d failed: %r", cfg.describe(), n, k, m, e)
             t = float("nan")
