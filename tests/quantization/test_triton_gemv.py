@@ -48,6 +48,7 @@ def check(n, k, m, cfgs, dtype=torch.bfloat16, bias=True, seed=0):
 INTERP_CONFIGS = [
     g.GemvConfig(8, 64, 1, False), g.GemvConfig(8, 64, 3, False), g.GemvConfig(4, 128, 2, False),
     g.GemvConfig(16, 32, 2, True), g.GemvConfig(32, 64, 1, True),
+    g.GemvConfig(8, 64, 1, rows=True), g.GemvConfig(4, 128, 3, rows=True),
 ]
 
 
@@ -76,7 +77,7 @@ def test_split_fills_the_gpu_and_keeps_whole_tiles():
             for cfg in cands:
                 per = g.split_extent(k, cfg)
                 assert per % cfg.block_k == 0 and per * cfg.split_k >= k
-                assert cfg.use_dot == (m > 1)
+                assert (cfg.use_dot or cfg.rows) == (m > 1)
             # at least one candidate fills the GPU (>= 2 programs per SM, or K split to 4 tiles)
             assert any(-(-n // c.block_n) * c.split_k >= 2 * 132 or k // c.split_k < 8 * c.block_k for c in cands)
             d = g.default_config(n, k, m, 132)
@@ -232,6 +233,18 @@ def check_sm90_variants() -> None:
         ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 32, True, 16, 128, 32),
         ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, True, 16, 32, 128),
     ]
+    rows_cases = [  # the rows FMA path: (x, w, SCALE_MODE, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
+        ("bf16", "bf16", g.SCALE_NONE, 8, 4, 256, 8),
+        ("fp8e4nv", "fp8e4nv", g.SCALE_CHANNEL, 8, 4, 512, 16),
+        ("fp8e4nv", "fp8e4nv", g.SCALE_BLOCK, 4, 16, 128, 16),
+    ]
+    rsig = {k: v for k, v in sig.items() if k not in ("wz_ptr", "p_per_split")}
+    for xt, wt, mode, bm, bn, bk, vec in rows_cases:
+        ptx = _compile_sm90(g._gemv_rows_kernel, {**rsig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
+            SCALE_MODE=mode, X_SCALED=wt == "fp8e4nv", HAS_BIAS=True, WRITE_OUT=True, BLOCK_M=bm,
+            BLOCK_N=bn, BLOCK_K=bk, VEC=vec, EVEN_K=True,
+        ))
+        assert "ld.global.v4.b32" in ptx, (wt, mode)
     for xt, wt, wfmt, mode, group, dot, bm, bn, bk in cases:
         ptx = _compile_sm90(g._gemv_kernel, {**sig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
             WFMT=wfmt, SCALE_MODE=mode, GROUP=group, X_SCALED=wfmt == g.WFMT_FP8, HAS_BIAS=True,

@@ -58,14 +58,14 @@ def _scale_mode(weight: torch.Tensor, scale: torch.Tensor) -> int:
 
 def small_batch_config(n: int, k: int, m: int, scale_mode: int, sms: int) -> g.GemvConfig:
     """Tiles for an fp8 [N, K] weight at ``m`` rows (<= 8): half of bf16's bytes per element,
-    so twice the K per tile for the same 128-bit loads; block scales cap a tile at 128 of K."""
-    if scale_mode == g.SCALE_BLOCK:  # a tile stays inside one 128-wide scale block
-        bn, bk = 32, 128
-    elif m == 1:
-        bn, bk = 8, 1024
-    else:
-        bn, bk = 16, 512
-    return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), m > 1, 4)
+    so twice the K per tile for the same 128-bit loads; block scales cap a tile at 128 of K.
+    Batches of 2-8 take the rows FMA path (each weight tile read once for all rows, no padding
+    to a 16-row tensor-core tile, no fp8 -> bf16 operand shuffles)."""
+    if m == 1:
+        bn, bk = (32, 128) if scale_mode == g.SCALE_BLOCK else (8, 1024)
+        return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), False, 4)
+    bn, bk = (16, 128) if scale_mode == g.SCALE_BLOCK else (4, 512)
+    return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), False, 4, rows=True)
 
 
 def prepack_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> Fp8Packed:

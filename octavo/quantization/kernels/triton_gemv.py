@@ -60,12 +60,15 @@ class GemvConfig:
     use_dot: bool = False
     num_warps: int = 4
     num_stages: int = 3
+    rows: bool = False  # the FMA path over up to 8 rows at once (plain / fp8 weights, no dot)
 
     def block_m(self, m: int) -> int:
+        if self.rows:
+            return min(8, triton.next_power_of_2(max(1, m)))
         return min(64, max(16, triton.next_power_of_2(m))) if self.use_dot else 1
 
     def describe(self) -> str:
-        kind = "dot" if self.use_dot else "fma"
+        kind = "rows" if self.rows else "dot" if self.use_dot else "fma"
         return f"{kind} n{self.block_n} k{self.block_k} split{self.split_k} w{self.num_warps}"
 
 
@@ -178,6 +181,71 @@ def _gemv_kernel(
 
 
 @triton.jit
+def _gemv_rows_kernel(
+    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr,
+    M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_om,
+    SCALE_MODE: tl.constexpr, X_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WRITE_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    VEC: tl.constexpr, EVEN_K: tl.constexpr,
+):
+    """Plain or fp8 weights at 2-8 rows without tensor cores: each [BLOCK_N, BLOCK_K] W tile is
+    read once, as [BLOCK_N, BLOCK_K // VEC, VEC] (VEC elements = one 128-bit load per thread),
+    and multiplies all BLOCK_M rows of x; each thread sums its VEC products in-thread into a
+    [BLOCK_M, BLOCK_N, BLOCK_K // VEC] fp32 accumulator, reduced once after the loop."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(K, k_start + k_per_split)
+    kv = tl.arange(0, BLOCK_K // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [KV, VEC]
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None, None] * stride_xm
+    acc3 = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K // VEC), tl.float32)
+    for it in range(0, tl.cdiv(k_end - k_start, BLOCK_K)):
+        k0 = k_start + it * BLOCK_K
+        offs_k = k0 + kv
+        k_ok = (offs_k < k_end) | EVEN_K
+        w = tl.load(w_rows + offs_k[None], mask=n_ok[:, None, None] & k_ok[None], other=0.0)
+        x = tl.load(x_rows + offs_k[None], mask=m_ok[:, None, None] & k_ok[None], other=0.0)
+        prod = tl.sum(w.to(tl.float32)[None] * x.to(tl.float32)[:, None], axis=3)
+        if SCALE_MODE == _S_BLOCK:
+            sb = tl.load(ws_ptr + (offs_n // 128).to(tl.int64) * stride_sn + k0 // 128, mask=n_ok, other=0.0)
+            prod = prod * sb[None, :, None]
+        acc3 += prod
+    acc = tl.sum(acc3, axis=2)
+    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+              M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, WRITE_OUT)
+
+
+@triton.jit
+def _epilogue(
+    acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+    M, N, stride_om, SCALE_MODE: tl.constexpr, X_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    WRITE_OUT: tl.constexpr,
+):
+    """Scales that apply after the loop, then ``y`` (one K split) or the fp32 partials."""
+    if SCALE_MODE == _S_TENSOR:
+        acc = acc * tl.load(ws_ptr)
+    if SCALE_MODE == _S_CHANNEL:
+        acc = acc * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if X_SCALED:
+        acc = acc * tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if WRITE_OUT:  # one K split: this program owns y[offs_m, offs_n]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        o = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        p = part_ptr + (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
+        tl.store(p, acc, mask=mask)
+
+
+@triton.jit
 def _splitk_reduce_kernel(
     part_ptr, bias_ptr, out_ptr, M, N, stride_om,
     SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
@@ -224,6 +292,35 @@ def launch(
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     dummy = out
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, bm))
+    if cfg.rows:
+        if wfmt == WFMT_INT4:
+            raise ValueError("the rows GEMV serves plain and fp8 weights, not int4")
+        _gemv_rows_kernel[grid](
+            x, x_scale if x_scale is not None else dummy, w,
+            w_scale if w_scale is not None else dummy, bias if bias is not None else dummy, out, part,
+            m, n, k, per, x.stride(0), w.stride(0),
+            w_scale.stride(0) if w_scale is not None and w_scale.dim() == 2 else 0, out.stride(0),
+            SCALE_MODE=scale_mode, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None and split == 1,
+            WRITE_OUT=split == 1, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            VEC=min(cfg.block_k, 16 // w.element_size()), EVEN_K=k % cfg.block_k == 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    else:
+        _launch_main(x, w, n, k, cfg, grid, per, bm, split, out, part, wfmt, scale_mode, w_scale, w_zs,
+                     group, x_scale, bias, dot_dtype)
+    if split > 1:
+        block = min(1024, triton.next_power_of_2(n))
+        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+            part, bias if bias is not None else dummy, out, m, n, out.stride(0),
+            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+def _launch_main(x, w, n, k, cfg, grid, per, bm, split, out, part, wfmt, scale_mode, w_scale, w_zs,
+                 group, x_scale, bias, dot_dtype) -> None:
+    """The one-kernel launch of ``_gemv_kernel`` (all formats; FMA over one row, or the dot)."""
+    m, dummy = x.shape[0], out
     _gemv_kernel[grid](
         x, x_scale if x_scale is not None else dummy, w,
         w_scale if w_scale is not None else dummy, w_zs if w_zs is not None else dummy,
@@ -236,13 +333,6 @@ def launch(
         EVEN_K=k % cfg.block_k == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
-            part, bias if bias is not None else dummy, out, m, n, out.stride(0),
-            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
-    return out
 
 
 # -- choosing a configuration ----------------------------------------------------------------
@@ -281,6 +371,7 @@ def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
         for bn, bk, warps in ((16, 256, 4), (32, 128, 4), (16, 512, 8)):
             out.append(GemvConfig(bn, bk, pick_split(n, k, bn, bk, sms), True, warps))
         out.append(GemvConfig(16, 256, 1, True, 4))
+        out.append(GemvConfig(4, 256, pick_split(n, k, 4, 256, sms), False, 4, rows=True))
     return list(dict.fromkeys(out))
 
 
