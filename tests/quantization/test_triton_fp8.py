@@ -129,3 +129,72 @@ def test_fp8_gemv_replays_in_a_cuda_graph():
     xq, xs = reference_rows(x)
     ref = (xq.double() * xs.double()[:, None]) @ dequant(w, s).T
     assert rel_err(y, ref) < 8e-3
+
+
+class _ScriptedTimer:
+    """Stands in for the device clock in ``tune_fp8``: runs the first call for real, notes which
+    method ran (a tiling or ``_scaled_mm``) and returns that method's scripted time."""
+
+    def __init__(self, monkeypatch, times):
+        self.times, self.seen, self.last = times, [], None
+        real_gemv, real_gemm = f8._gemv, f8._gemm
+
+        def gemv(*a):
+            self.last, self.m = a[-1].describe(), a[0].shape[0]
+            return real_gemv(*a)
+
+        def gemm(*a):
+            self.last, self.m = "scaled_mm", a[0].shape[0]
+            return real_gemm(*a)
+
+        monkeypatch.setattr(f8, "_gemv", gemv)
+        monkeypatch.setattr(f8, "_gemm", gemm)
+
+    def __call__(self, calls):
+        calls[0]()
+        self.seen.append((self.last, len(calls)))
+        return self.times(self.last, self.m)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_tune_fp8_keeps_the_fastest_method_per_bucket(monkeypatch):
+    n, k = 64, 512
+    w, s = make_weight(n, k, "channel")
+    packed = f8.prepack_fp8(w, s)
+    rows_pick = f8.fp8_candidates(n, k, 4, packed.scale_mode, 132)[-1].describe()
+    first = f8.fp8_candidates(n, k, 1, packed.scale_mode, 132)[0].describe()
+
+    def times(name, m):  # scaled_mm wins at 2 and 8 rows, a non-default tiling at 4, the default at 1
+        if name == "scaled_mm":
+            return 1.0 if m in (2, 8) else 9.0
+        return 0.5 if name == rows_pick and m == 4 else 2.0 if m == 1 and name == first else 3.0
+
+    timer = _ScriptedTimer(monkeypatch, times)
+    budget = 3 * n * k
+    f8.tune_fp8(packed, timer=timer, budget=budget)
+    assert {c for _, c in timer.seen} == {3}  # every method over the same 3 rotating copies
+    assert packed.configs[4].describe() == rows_pick
+    assert packed.configs[2] is None and packed.configs[8] is None  # _scaled_mm
+    assert packed.configs[1].describe() == first and not packed.configs[1].rows
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_tune_fp8_never_keeps_a_wrong_tiling(monkeypatch):
+    n, k = 64, 512
+    w, s = make_weight(n, k, "block")
+    packed = f8.prepack_fp8(w, s)
+    bad = f8.fp8_candidates(n, k, 2, packed.scale_mode, 132)[1]
+    real = f8._gemv
+
+    def corrupt(*a):
+        y = real(*a)
+        return y * 3 if a[-1] == bad else y
+
+    monkeypatch.setattr(f8, "_gemv", corrupt)
+    timer = _ScriptedTimer(monkeypatch, lambda name, m: 0.1 if name == bad.describe() else 1.0)
+    report = f8.tune_fp8(packed, timer=timer, budget=1)
+    assert packed.configs[2] != bad and report[2][bad.describe()] != report[2][bad.describe()]
+    assert "scaled_mm" not in report[2]  # block scales: no row-wise _scaled_mm
+    for m in (2, 3):  # the kept tilings still compute the linear
+        check_packed = f8.fp8_linear(torch.randn(m, k, device=DEVICE).bfloat16(), packed)
+        assert check_packed.shape == (m, n) and not torch.isnan(check_packed).any()

@@ -35,7 +35,8 @@ class Fp8Packed:
     scale: torch.Tensor  # float32: [] / [N] / [ceil(N/128), ceil(K/128)]
     scale_mode: int  # triton_gemv.SCALE_TENSOR / SCALE_CHANNEL / SCALE_BLOCK
     scale_row: torch.Tensor | None  # float32 [1, N] for _scaled_mm's row-wise scaling
-    configs: dict[int, g.GemvConfig] = field(default_factory=dict)  # batch bucket -> tiles
+    # batch bucket -> tiles, or None: ``torch._scaled_mm`` (``tune_fp8`` found it faster)
+    configs: dict[int, g.GemvConfig | None] = field(default_factory=dict)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -160,8 +161,71 @@ def fp8_linear(
         x2 = x2.contiguous()
     xq, xs = quantize_rows(x2, input_scale)
     m = x2.shape[0]
-    if m <= SMALL_BATCH:
-        y = _gemv(xq, xs, packed, bias, x.dtype, packed.configs[_bucket(m)])
+    cfg = packed.configs[_bucket(m)] if m <= SMALL_BATCH else None
+    if cfg is not None:
+        y = _gemv(xq, xs, packed, bias, x.dtype, cfg)
     else:
         y = _gemm(xq, xs, packed, bias, x.dtype)
     return y.reshape(*x.shape[:-1], n)
+
+
+def fp8_candidates(n: int, k: int, m: int, scale_mode: int, sms: int) -> list[g.GemvConfig]:
+    """Tilings worth timing for an fp8 [N, K] weight at ``m`` rows (the table choice first):
+    the one-row FMA at batch 1, the rows FMA above; block scales keep ``block_k`` <= 128."""
+    first = small_batch_config(n, k, m, scale_mode, sms)
+    block = scale_mode == g.SCALE_BLOCK
+    if m == 1:
+        shapes = ((16, 128), (32, 128)) if block else ((4, 1024), (8, 512))
+    else:
+        shapes = ((8, 128), (16, 128)) if block else ((8, 256), (4, 512))
+    out = [first]
+    for bn, bk in shapes:
+        out.append(g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), False, 4, rows=m > 1))
+        out.append(g.GemvConfig(bn, bk, 1, False, 4, rows=m > 1))
+    return list(dict.fromkeys(out))
+
+
+def tune_fp8(packed: Fp8Packed, timer=None, budget: int = g.ROTATE_BYTES) -> dict[int, dict[str, float]]:
+    """Time, once at load, each batch bucket's GEMV tilings and (where it applies: row-wise
+    scales) ``torch._scaled_mm`` on ``packed``, streaming rotating weight copies from a CUDA
+    graph as decode does (``triton_gemv.time_against_cublas``'s method), and keep the fastest in
+    ``packed.configs`` (None: ``_scaled_mm``). A tiling whose result strays from the table
+    choice's, or that fails, is never kept. Returns every time in ms per bucket."""
+    timer = timer or g.graph_time_ms
+    n, k = packed.shape
+    sms = g.num_sms(packed.weight.device)
+    copies = g.rotation_copies(n * k, budget)
+    packs = [packed] + [Fp8Packed(packed.weight.clone(), packed.scale, packed.scale_mode, packed.scale_row)
+                        for _ in range(copies - 1)]
+    mm_ok = packed.scale_row is not None and n % 16 == 0 and k % 16 == 0
+    report = {}
+    for m in (1, 2, 4, 8):
+        packed.configs[m], report[m] = _tune_bucket(packed, packs, m, sms, mm_ok, timer)
+    return report
+
+
+def _tune_bucket(packed: Fp8Packed, packs: list, m: int, sms: int, mm_ok: bool, timer):
+    """(the fastest method's config or None for ``_scaled_mm``, every time) at ``m`` rows."""
+    n, k = packed.shape
+    gen = torch.Generator(device=packed.weight.device).manual_seed(m)
+    x = torch.randn((m, k), generator=gen, device=packed.weight.device).to(torch.bfloat16)
+    xq, xs = quantize_rows(x)
+    cands = fp8_candidates(n, k, m, packed.scale_mode, sms)
+    ref = _gemv(xq, xs, packed, None, x.dtype, cands[0]).float()
+    methods = {c.describe(): c for c in cands}
+    if mm_ok:
+        methods["scaled_mm"] = None
+    times, best, best_t = {}, packed.configs[m], float("inf")
+    for name, cfg in methods.items():
+        def run(p, cfg=cfg):
+            return _gemm(xq, xs, p, None, x.dtype) if cfg is None else _gemv(xq, xs, p, None, x.dtype, cfg)
+
+        try:
+            err = float((run(packed).float() - ref).norm() / ref.norm().clamp_min(1e-30))
+            t = timer([lambda p=p: run(p) for p in packs]) if err < 2e-2 else float("nan")
+        except Exception:  # a tiling this compiler/GPU rejects: never kept
+            t = float("nan")
+        times[name] = t
+        if t < best_t:
+            best, best_t = cfg, t
+    return best, times
