@@ -2,7 +2,7 @@
 (GEMV and ``torch._scaled_mm``) and W4A16, each next to the copy bandwidth of the same run.
 
     python benchmarks/bench_gemv.py all --out-dir $OUT          # both below, with timeouts
-    python benchmarks/bench_gemv.py linears                      # per-linear times in CUDA graphs
+    python benchmarks/bench_gemv.py linears [--only o,down]      # per-linear times in CUDA graphs
     python benchmarks/bench_gemv.py decode                       # octavo decode, GEMV on vs off
 
 ``linears``: for every Llama-3.1-8B linear (qkv 4096->6144, o 4096->4096, gate_up
@@ -14,7 +14,8 @@ and the ratio to cuBLAS. Methods: ``cublas`` (``F.linear``), ``gemv:<tiles>`` (e
 tiling), ``gemv_auto`` (what octavo picks at load: its own timing vs cuBLAS), ``fp8_gemv``
 (per-channel weight scales, dynamic per-token activations, the activation quantization
 included), ``fp8_gemv_block`` (128x128 block scales), ``fp8_scaled_mm`` (``torch._scaled_mm``
-at the same M, the baseline the GEMV replaces), ``w4a16_gemv`` (group 128, asymmetric).
+at the same M, the baseline the GEMV replaces), ``fp8_auto`` (per bucket the fastest of the fp8
+tilings and ``_scaled_mm`` as ``tune_fp8`` picks at load), ``w4a16_gemv`` (group 128, asymmetric).
 Per-token totals add the 32 layers' linears and the LM head; roofline = bf16 weight bytes /
 copy bandwidth (targets: FP8 <= 0.6x, INT4 <= 0.4x of it).
 
@@ -137,6 +138,13 @@ def _methods(name: str, n: int, k: int, count: int):
     del ws
     packed = [f8.prepack_fp8(q, s) for q, s in fp8]
     yield "fp8_gemv", n * k + 4 * n, {m: [lambda p=p, x=xs[m]: f8.fp8_linear(x, p) for p in packed] for m in BATCHES}
+    tuned = [f8.Fp8Packed(p.weight, p.scale, p.scale_mode, p.scale_row, dict(p.configs)) for p in packed]
+    f8.tune_fp8(tuned[0])  # octavo's load-time choice (rotating copies, CUDA graph), shared by all
+    for p in tuned[1:]:
+        p.configs = dict(tuned[0].configs)
+    picks8 = {m: (c.describe() if c else "scaled_mm") for m, c in tuned[0].configs.items()}
+    yield "fp8_auto", n * k + 4 * n, {m: [lambda p=p, x=xs[m]: f8.fp8_linear(x, p) for p in tuned] for m in BATCHES}, picks8
+    del tuned
     mm = {m: [lambda p=p, x=xs[m]: f8._gemm(*f8.quantize_rows(x), p, None, x.dtype) for p in packed] for m in BATCHES}
     yield "fp8_scaled_mm", n * k + 4 * n, mm
     blocks = [f8.prepack_fp8(q, torch.full((-(-n // 128), -(-k // 128)), 0.01, device=DEVICE)) for q, _ in fp8]
@@ -162,13 +170,16 @@ def cmd_linears(args) -> dict:
     log(f"copy bandwidth {bw / 1e9:.0f} GB/s")
     r: dict = {"bench": "linears", "device": torch.cuda.get_device_name(), "bandwidth_Bps": bw,
                "torch": torch.__version__, "linears": {}}
+    only = [x for x in (getattr(args, "only", "") or "").split(",") if x]
     for name, (n, k, count) in LINEARS.items():
+        if only and name not in only:
+            continue
         calls_per_graph = count if count > 1 else 4
         rows = r["linears"][name] = {"N": n, "K": k, "methods": {}}
         for item in _methods(name, n, k, count):
             method, nbytes, per_m = item[:3]
             if len(item) > 3:
-                rows["auto_choice"] = item[3]
+                rows["auto_choice" if method == "gemv_auto" else f"{method}_choice"] = item[3]
             for m, calls in per_m.items():
                 calls = calls * (calls_per_graph // len(calls))
                 try:
@@ -209,12 +220,12 @@ def _per_token(r: dict) -> dict:
     out = {}
     bf16_bytes = sum(2 * n * k * (LAYERS if c > 1 else 1) for n, k, c in LINEARS.values())
     roof = bf16_bytes / r["bandwidth_Bps"]
-    methods = ["cublas", "gemv_auto", "fp8_gemv", "fp8_scaled_mm", "fp8_gemv_block", "w4a16_gemv"]
+    methods = ["cublas", "gemv_auto", "fp8_gemv", "fp8_auto", "fp8_scaled_mm", "fp8_gemv_block", "w4a16_gemv"]
     for meth in methods:
         for m in BATCHES:
             total = 0.0
             for name, (_, _, c) in LINEARS.items():
-                v = r["linears"][name]["methods"].get(meth, {}).get(m, {})
+                v = r["linears"].get(name, {}).get("methods", {}).get(meth, {}).get(m, {})
                 if "s" not in v:
                     total = float("nan")
                     break
@@ -366,7 +377,7 @@ def cmd_all(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     res = {}
     with open(out / "bench_gemv.log", "w") as logf:
-        res["linears"] = _sub(["linears"], args.linears_timeout, logf)
+        res["linears"] = _sub(["linears", "--only", args.only], args.linears_timeout, logf)
         (out / "bench_gemv.json").write_text(json.dumps(res, indent=1))
         res["decode"] = _sub(["decode", "--shape", args.shape, "--reps", str(args.reps)], args.decode_timeout, logf)
     (out / "bench_gemv.json").write_text(json.dumps(res, indent=1))
@@ -381,13 +392,16 @@ def summarize(res: dict) -> None:
         for name, rows in lin["linears"].items():
             for m in map(str, BATCHES):
                 parts = []
-                for meth in ("cublas", "gemv_auto", "fp8_gemv", "fp8_scaled_mm", "w4a16_gemv"):
+                for meth in ("cublas", "gemv_auto", "fp8_gemv", "fp8_auto", "fp8_scaled_mm", "w4a16_gemv"):
                     v = rows["methods"].get(meth, {}).get(m, {})
                     if "s" in v:
                         parts.append(f"{meth} {v['s'] * 1e6:.1f}us ({v['bw_fraction']:.0%} bw)")
                 best = rows.get("gemv_best", {}).get(m)
                 if best:
                     parts.append(f"best {best['tiles']} {best['s'] * 1e6:.1f}us")
+                for key in ("auto_choice", "fp8_auto_choice"):
+                    if m in rows.get(key, {}):
+                        parts.append(f"{key} {rows[key][m]}")
                 print(f"{name:8s} M={m}: " + ", ".join(parts))
         for key, v in lin.get("per_token", {}).items():
             if isinstance(v, dict):
@@ -405,7 +419,8 @@ def summarize(res: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("linears")
+    lin = sub.add_parser("linears")
+    lin.add_argument("--only", default="", help="comma-separated linears to run (default: all), e.g. o,down")
     for name in ("decode", "all"):
         p = sub.add_parser(name)
         p.add_argument("--shape", default="llama8b")
@@ -413,6 +428,7 @@ def main() -> None:
         p.add_argument("--reps", type=int, default=3)
         if name == "all":
             p.add_argument("--out-dir", default=".")
+            p.add_argument("--only", default="", help="linears to run (see linears --only)")
             p.add_argument("--linears-timeout", type=float, default=170)
             p.add_argument("--decode-timeout", type=float, default=170)
     args = ap.parse_args()
