@@ -198,3 +198,25 @@ def test_tune_fp8_never_keeps_a_wrong_tiling(monkeypatch):
     for m in (2, 3):  # the kept tilings still compute the linear
         check_packed = f8.fp8_linear(torch.randn(m, k, device=DEVICE).bfloat16(), packed)
         assert check_packed.shape == (m, n) and not torch.isnan(check_packed).any()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("kind", ["channel", "block"])
+def test_tune_fp8_on_the_gpu_keeps_a_correct_fast_method(kind):
+    """The real clock (rotating copies, CUDA graph): every bucket gets a method, the kept one
+    is the fastest timed, and the tuned linear still computes the contract."""
+    n, k = 4096, 4096
+    w, s = make_weight(n, k, kind)
+    packed = f8.prepack_fp8(w, s)
+    report = f8.tune_fp8(packed)
+    for m, times in report.items():
+        kept = packed.configs[m]
+        name = "scaled_mm" if kept is None else kept.describe()
+        finite = [t for t in times.values() if t == t]
+        assert finite and times[name] == min(finite), (m, times)
+    for m in (1, 2, 5, 8):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = reference_rows(x)
+        ref = (xq.double() * xs.double()[:, None]) @ dequant(w, s).T
+        assert rel_err(f8.fp8_linear(x, packed), ref) < 8e-3, (m, packed.configs)
