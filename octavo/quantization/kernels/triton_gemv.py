@@ -22,6 +22,9 @@ accumulator of elementwise products that it reduces once at the end (the classic
 shuffles inside the loop). Quantized weights enter the dot as exact small values (fp8 codes,
 ``q - zero`` integers) and their scales multiply the fp32 partial sums, so the only rounding is
 the fp32 accumulation; the fp32 reference dequantizes first and agrees to accumulation order.
+A third path (``GemvConfig.rows``, plain and fp8 weights) serves 2-8 rows without tensor
+cores: each W tile is loaded once (128-bit per thread) and multiplies every row held in
+registers, so a small batch costs one pass over the weight bytes, as M = 1 does.
 
 Invariants the launchers keep: ``k_per_split`` is a multiple of ``BLOCK_K``, so every K tile
 starts at a multiple of ``BLOCK_K``; for FP8 block scales ``BLOCK_K`` divides 128, for INT4 it
