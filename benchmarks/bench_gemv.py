@@ -14,7 +14,8 @@ and the ratio to cuBLAS. Methods: ``cublas`` (``F.linear``), ``gemv:<tiles>`` (e
 tiling), ``gemv_auto`` (what octavo picks at load: its own timing vs cuBLAS), ``fp8_gemv``
 (per-channel weight scales, dynamic per-token activations, the activation quantization
 included), ``fp8_gemv_block`` (128x128 block scales), ``fp8_scaled_mm`` (``torch._scaled_mm``
-at the same M, the baseline the GEMV replaces), ``fp8_auto`` (per bucket the fastest of the fp8
+at the same M, the baseline the GEMV replaces), ``w4a16_gemv_in_group`` (M = 1 with FMA tiles
+inside one scale group), ``fp8_auto`` (per bucket the fastest of the fp8
 tilings and ``_scaled_mm`` as ``tune_fp8`` picks at load), ``w4a16_gemv`` (group 128, asymmetric).
 Per-token totals add the 32 layers' linears and the LM head; roofline = bf16 weight bytes /
 copy bandwidth (targets: FP8 <= 0.6x, INT4 <= 0.4x of it).
@@ -161,6 +162,11 @@ def _methods(name: str, n: int, k: int, count: int):
         del q
     calls = {m: [lambda p=p, x=xs[m]: w4.w4a16_linear(x, p) for p in w4s] for m in BATCHES}
     yield "w4a16_gemv", n * k // 2 + 8 * n * (k // 128), calls
+    # M = 1 with FMA tiles inside one 128-wide group (one scale and zero per row and tile)
+    in_group = g.GemvConfig(32, 128, g.pick_split(n, k, 32, 128, sms))
+    for p in w4s:
+        p.configs = {**p.configs, 1: in_group}
+    yield "w4a16_gemv_in_group", n * k // 2 + 8 * n * (k // 128), {1: [lambda p=p, x=xs[1]: w4.w4a16_linear(x, p) for p in w4s]}
 
 
 def cmd_linears(args) -> dict:
@@ -220,7 +226,7 @@ def _per_token(r: dict) -> dict:
     out = {}
     bf16_bytes = sum(2 * n * k * (LAYERS if c > 1 else 1) for n, k, c in LINEARS.values())
     roof = bf16_bytes / r["bandwidth_Bps"]
-    methods = ["cublas", "gemv_auto", "fp8_gemv", "fp8_auto", "fp8_scaled_mm", "fp8_gemv_block", "w4a16_gemv"]
+    methods = ["cublas", "gemv_auto", "fp8_gemv", "fp8_auto", "fp8_scaled_mm", "fp8_gemv_block", "w4a16_gemv", "w4a16_gemv_in_group"]
     for meth in methods:
         for m in BATCHES:
             total = 0.0
@@ -392,7 +398,8 @@ def summarize(res: dict) -> None:
         for name, rows in lin["linears"].items():
             for m in map(str, BATCHES):
                 parts = []
-                for meth in ("cublas", "gemv_auto", "fp8_gemv", "fp8_auto", "fp8_scaled_mm", "w4a16_gemv"):
+                for meth in ("cublas", "gemv_auto", "fp8_gemv", "fp8_auto", "fp8_scaled_mm", "w4a16_gemv",
+                             "w4a16_gemv_in_group"):
                     v = rows["methods"].get(meth, {}).get(m, {})
                     if "s" in v:
                         parts.append(f"{meth} {v['s'] * 1e6:.1f}us ({v['bw_fraction']:.0%} bw)")

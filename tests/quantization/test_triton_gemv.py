@@ -230,6 +230,7 @@ def check_sm90_variants() -> None:
         ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, False, 1, 8, 1024),
         ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_BLOCK, 128, True, 16, 32, 128),
         ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 16, 1024),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 32, 128),  # one group per tile
         ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 32, True, 16, 128, 32),
         ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, True, 16, 32, 128),
     ]

@@ -16,6 +16,7 @@ if not HAS_GPU:
 
 pytest.importorskip("triton")
 
+from octavo.quantization.kernels import triton_gemv as g  # noqa: E402
 from octavo.quantization.kernels import triton_w4a16 as w4  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -95,3 +96,20 @@ def test_w4a16_gpu(group, shape):
         for dtype in (torch.bfloat16, torch.float16):
             check(n, k, grp, m, dtype, symmetric=m == 2, seed=m)
     check(n, k, grp, 3, torch.float32)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("group,cfg", [
+    (128, g.GemvConfig(32, 128, 1)), (128, g.GemvConfig(16, 64, 2)), (32, g.GemvConfig(8, 32, 3)),
+    (256, g.GemvConfig(16, 256, 1)),
+], ids=str)
+def test_w4a16_fma_tiles_inside_one_group_interpreted(group, cfg):
+    """FMA tiles that sit inside one scale group (one scale and zero per row and tile)."""
+    n, k = 72, 512
+    q, s, z = make(n, k, group, seed=group)
+    packed = w4.prepack_w4a16(q, s, z, group)
+    x = torch.randn(1, k, generator=torch.Generator(device=DEVICE).manual_seed(3), device=DEVICE).bfloat16()
+    y = g.launch(x, packed.packed, n, k, cfg, out_dtype=x.dtype, wfmt=g.WFMT_INT4, scale_mode=g.SCALE_GROUP,
+                 w_scale=packed.scales, w_zs=packed.zeros, group=group)
+    ref = x.double() @ dequant(q, s, z, group).T
+    assert float((y.double() - ref).norm() / ref.norm()) < 8e-3

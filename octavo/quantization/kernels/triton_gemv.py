@@ -101,6 +101,10 @@ def _load_w_tile(
             s = tl.load(ws_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
             z = tl.load(wz_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
             w = tl.reshape(q - z[:, None, None], (offs_n.shape[0], BLOCK_K))
+        elif GROUP % BLOCK_K == 0:  # FMA tile inside one group: one scale and zero per row
+            s = tl.load(ws_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)[:, None]
+            z = tl.load(wz_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
+            w = q - z[:, None, None]
         else:  # a tile may span groups: one scale and zero per word (GROUP % 8 == 0)
             gidx = (offs_p * 8) // GROUP
             g_ok = n_ok[:, None] & (gidx >= 0)[None, :]
