@@ -149,10 +149,13 @@ def test_decode_gemv_policy_per_platform(monkeypatch):
 
     monkeypatch.delenv("OCTAVO_DECODE_GEMV", raising=False)
     assert CudaPlatform.decode_gemv_policy() == "auto"
-    assert RocmPlatform.decode_gemv_policy() == CpuPlatform.decode_gemv_policy() == "off"
+    assert RocmPlatform.decode_gemv_policy() == "off"
+    assert CpuPlatform.decode_gemv_policy() == "table"  # the CPU's own bf16 GEMV
     monkeypatch.setenv("OCTAVO_DECODE_GEMV", "table")
     assert CudaPlatform.decode_gemv_policy() == "table"
-    assert CpuPlatform.decode_gemv_policy() == "off"  # no GEMV there to force
+    assert RocmPlatform.decode_gemv_policy() == "off"  # no GEMV there to force
+    monkeypatch.setenv("OCTAVO_DECODE_GEMV", "off")
+    assert CpuPlatform.decode_gemv_policy() == CudaPlatform.decode_gemv_policy() == "off"
     monkeypatch.setenv("OCTAVO_DECODE_GEMV", "fastest")
     with pytest.raises(ValueError, match="OCTAVO_DECODE_GEMV"):
         CudaPlatform.decode_gemv_policy()
