@@ -301,6 +301,7 @@ class EngineArgs:
         method = resolve_quantization(
             self.quantization, getattr(hf_config, "quantization_config", None),
             current_platform.name, current_platform.supported_quantization,
+            getattr(current_platform, "supported_online_quantization", ()),
         )
         if method is not None and arch in MOE_ARCHITECTURES:
             raise ValueError(
