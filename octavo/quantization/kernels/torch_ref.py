@@ -5,7 +5,8 @@ the result is cast to the input's dtype. Activation quantization is emulated fai
 
 - FP8 (e4m3): ``scale = amax(|x|) / 448`` per token (or per token and 128-wide group of K for
   block-scaled weights), or the static ``input_scale``; ``x_q = clamp(x / scale).to(e4m3)``.
-- INT8: ``scale = amax(|x|) / 127`` per token (or static), ``x_q = clamp(round(x / scale))``;
+- INT8: ``scale = amax(|x|) / 127.5`` per token (compressed-tensors' symmetric convention:
+  half the int8 range 255), or the static scale; ``x_q = clamp(round(x / scale), -128, 127)``;
   the integer products are accumulated exactly (float64 holds them without rounding).
 
 Canonical weights (what every format's loader produces) are documented in
@@ -19,7 +20,7 @@ import torch
 from octavo.quantization.canonical import Fp8Weight, Int8Weight, IntWeight
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-INT8_MAX = 127.0
+INT8_HALF_RANGE = 127.5  # (127 - (-128)) / 2
 _MIN_SCALE = 1e-12
 
 
@@ -86,7 +87,7 @@ def quantize_int8_activation(x: torch.Tensor, input_scale: torch.Tensor | None) 
     if input_scale is not None:
         s = input_scale.to(torch.float32).reshape(())
     else:
-        s = (xf.abs().amax(dim=-1, keepdim=True) / INT8_MAX).clamp(min=_MIN_SCALE)
+        s = (xf.abs().amax(dim=-1, keepdim=True) / INT8_HALF_RANGE).clamp(min=_MIN_SCALE)
     return torch.round(xf / s).clamp(-128, 127).to(torch.float64), s
 
 
