@@ -27,15 +27,14 @@ class Agreement:
 
 
 def reference_sequences(ref, vocab: int, n_prompts: int = 6, new_tokens: int = 24) -> list[tuple[list[int], list[int]]]:
-    """(prompt, reference greedy continuation) pairs; ``ref`` is a transformers model."""
-    out = []
-    for p in random_prompts(vocab, [5 + 3 * i for i in range(n_prompts)], seed=7):
-        ids = torch.tensor([p])
-        with torch.no_grad():
-            gen = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
-        out.append((p, gen[0, len(p):].tolist()))
-    return out
+    """(prompt, reference greedy continuation) pairs; ``ref`` is a transformers model.
+    Prompts share one length so the reference decodes them as one batch."""
+    prompts = random_prompts(vocab, [10] * n_prompts, seed=7)
+    ids = torch.tensor(prompts)
+    with torch.no_grad():
+        gen = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                           min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return [(p, gen[i, len(p):].tolist()) for i, p in enumerate(prompts)]
 
 
 def compare(llm: LLM, ref, seqs: list[tuple[list[int], list[int]]]) -> Agreement:
