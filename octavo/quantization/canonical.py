@@ -53,7 +53,8 @@ class IntWeight:
         return tuple(self.q.shape)
 
     def describe(self) -> str:
-        return f"int{self.bits} weight-only, group {self.group}" + (", act-order" if self.perm is not None else "")
+        g = "per-channel" if self.group == self.q.shape[1] else f"group {self.group}"
+        return f"int{self.bits} weight-only, {g}" + (", act-order" if self.perm is not None else "")
 
     @staticmethod
     def cat(parts: list[IntWeight]) -> IntWeight:

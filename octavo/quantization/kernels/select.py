@@ -92,4 +92,23 @@ def select_kernel(weight: CanonicalWeight, priority: tuple[str, ...]) -> tuple[Q
     raise AssertionError("torch_ref runs every canonical weight")
 
 
+def _probe_weight(kind: str, bits: int = 4) -> CanonicalWeight:
+    """A small weight of ``kind``: enough for a kernel to say whether it could run it."""
+    if kind == "int":
+        codes = torch.zeros(8, 128, dtype=torch.uint8)
+        return IntWeight(codes, torch.ones(8, 1), torch.zeros(8, 1, dtype=torch.uint8), bits, 128)
+    if kind == "fp8":
+        return Fp8Weight(torch.zeros(8, 128, dtype=torch.float8_e4m3fn), torch.ones(8))
+    return Int8Weight(torch.zeros(8, 128, dtype=torch.int8), torch.ones(8))
+
+
+def probe_kernels(kinds: tuple[str, ...], priority: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, dict[str, str]]]:
+    """kind -> (kernel that would run it, {skipped: why}), without loading a model (``octavo info``)."""
+    out = {}
+    for kind in kinds:
+        kernel, skipped = select_kernel(_probe_weight(kind), priority.get(kind, ()))
+        out[kind] = (kernel.name, skipped)
+    return out
+
+
 __all__ = ["QuantKernel", "select_kernel", "Fp8Weight", "Int8Weight", "IntWeight"]
