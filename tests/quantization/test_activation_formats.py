@@ -18,8 +18,6 @@ from tests.hf_reference import hf_model
 from tests.quantization import writers
 from tests.quantization.agreement import compare, reference_sequences
 
-pytest.importorskip("compressed_tensors")
-
 
 def _calibrate(path: str, vocab: int) -> dict[str, float]:
     """Static input scales: amax / 448 of each linear's input over a few prompts."""
@@ -43,11 +41,13 @@ CT_FORMATS = {
     "ct-fp8-tensor-dynamic": lambda s, d: writers.ct_fp8(s, d, "tensor"),
     "ct-fp8-channel-static": lambda s, d: writers.ct_fp8(s, d, "channel", _calibrate(s, hf_model(s).config.vocab_size)),
     "ct-int8-w8a8-dynamic": lambda s, d: writers.ct_int8_w8a8(s, d),
+    "ct-fp8-block128-dynamic": lambda s, d: writers.ct_fp8_block(s, d),
 }
 
 
 @pytest.mark.parametrize("fmt", list(CT_FORMATS))
 def test_compressed_tensors_w8a8_matches_transformers(fmt, wide_llama, tmp_path):
+    pytest.importorskip("compressed_tensors")
     qdir, deq = CT_FORMATS[fmt](wide_llama, tmp_path / "q")
     ref = hf_model(str(qdir))  # transformers + compressed-tensors, activations quantized
     seqs = reference_sequences(ref, ref.config.vocab_size)

@@ -231,3 +231,23 @@ def fp8_block(src, dst: Path, block: int = 128):
         out[name.removesuffix("weight") + "weight_scale_inv"] = scale.float()
     save_file(out, str(dst / "model.safetensors"))
     return dst, deq
+
+
+def ct_fp8_block(src, dst: Path, block: int = 128):
+    """compressed-tensors FP8 with 128x128 block weight scales and per-token-group (128)
+    dynamic activations (llm-compressor's FP8_BLOCK scheme)."""
+    _, deq = fp8_block(src, dst, block)
+    tensors = load_file(str(dst / "model.safetensors"))
+    out = {k.replace("weight_scale_inv", "weight_scale"): v for k, v in tensors.items()}
+    save_file(out, str(dst / "model.safetensors"))
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "ignore": ["lm_head"], "config_groups": {"group_0": {"targets": ["Linear"],
+        "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "group",
+                              "group_size": block, "dynamic": True},
+        "weights": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "block",
+                    "block_structure": [block, block], "dynamic": False}}},
+    }
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst, deq
