@@ -103,6 +103,15 @@ class Fp8Weight:
     block: tuple[int, int] | None = None
     kind = "fp8"
 
+    def __post_init__(self) -> None:
+        if self.weight.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"fp8 weights must be float8_e4m3fn, got {self.weight.dtype}")
+        if self.block is not None and self.input_scale is None and self.weight.shape[1] % self.block[1]:
+            raise ValueError(
+                f"block-scaled fp8 weight with K={self.weight.shape[1]} not divisible by the block "
+                f"width {self.block[1]}: per-token-group activation scales need whole groups"
+            )
+
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.weight.shape)
