@@ -64,6 +64,10 @@ def _triton_fp8(w: CanonicalWeight) -> QuantKernel:
     if not isinstance(w, Fp8Weight):
         raise LookupError(f"runs fp8 layers, not {w.describe()}")
     mod = importlib.import_module("octavo.quantization.kernels.triton_fp8")
+    if w.block is not None and w.input_scale is None and not getattr(mod, "ACT_GROUP_QUANT", False):
+        # Block-scaled checkpoints (DeepSeek / Qwen FP8, compressed-tensors FP8_BLOCK) quantize
+        # activations per token and block-width group; per-token scales would change results.
+        raise LookupError("quantizes activations per token; block-scaled fp8 needs per-token-group scales")
     return QuantKernel(
         "triton_fp8",
         lambda w: (mod.prepack_fp8(w.weight, w.weight_scale), w.input_scale),
