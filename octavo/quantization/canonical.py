@@ -121,7 +121,10 @@ class Fp8Weight:
             w = f"block {self.block[0]}x{self.block[1]}"
         else:
             w = "per-tensor" if self.weight_scale.dim() == 0 else "per-channel"
-        a = "static" if self.input_scale is not None else "dynamic per-token"
+        if self.input_scale is not None:
+            a = "static"
+        else:
+            a = "dynamic per-token" + (f"-group ({self.block[1]})" if self.block is not None else "")
         return f"fp8 e4m3 W8A8 ({w} weight scales, {a} activations)"
 
     def per_channel(self) -> Fp8Weight:
