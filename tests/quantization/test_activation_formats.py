@@ -83,3 +83,34 @@ def test_fp8_block_scales_match_emulated_transformers(wide_llama, tmp_path):
     print(f"\nfp8-block128: {result}")
     assert result.top1 >= 0.97, result
     assert result.mean_abs_dlogprob < 1e-2, result
+
+
+def _fp8_reference(src: str, dst, deq: dict[str, torch.Tensor], static: dict[str, float] | None):
+    """transformers on the dequantized weights, each linear's input rounded through e4m3 per
+    token (or with its static scale)."""
+    import transformers
+
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(writers.write_dequantized(src, dst, deq)), dtype=torch.float32
+    ).eval()
+    for name, mod in ref.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
+            def hook(m, args, name=name):
+                x = args[0]
+                s = torch.tensor(static[name]) if static else (x.abs().amax(-1, keepdim=True) / writers.FP8_MAX)
+                q = (x / s).clamp(-writers.FP8_MAX, writers.FP8_MAX).to(torch.float8_e4m3fn).float() * s
+                return (q,)
+            mod.register_forward_pre_hook(hook)
+    return ref
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_fp8_per_tensor_matches_emulated_transformers(static, wide_llama, tmp_path):
+    scales = _calibrate(wide_llama, hf_model(wide_llama).config.vocab_size) if static else None
+    qdir, deq = writers.fp8_per_tensor(wide_llama, tmp_path / "q", scales)
+    ref = _fp8_reference(wide_llama, tmp_path / "deq", deq, scales)
+    seqs = reference_sequences(ref, ref.config.vocab_size)
+    result = compare(LLM(str(qdir), dtype="float32", max_num_seqs=8), ref, seqs)
+    print(f"\nfp8-per-tensor-{'static' if static else 'dynamic'}: {result}")
+    assert result.top1 >= 0.97, result
+    assert result.mean_abs_dlogprob < 1e-2, result

@@ -251,3 +251,22 @@ def ct_fp8_block(src, dst: Path, block: int = 128):
     }
     (dst / "config.json").write_text(json.dumps(cfg))
     return dst, deq
+
+
+def fp8_per_tensor(src, dst: Path, static_scales: dict[str, float] | None = None):
+    """vLLM ``fp8`` (``Fp8Config``) with one ``weight_scale`` [] per tensor; activations dynamic
+    or ``static`` with ``input_scale`` [] from ``static_scales[layer prefix]``."""
+    qc = {"quant_method": "fp8", "activation_scheme": "static" if static_scales else "dynamic"}
+    tensors, out, deq = _copy(src, dst, qc), {}, {}
+    for name, t in tensors.items():
+        if not is_linear(name):
+            out[name] = t
+            continue
+        base = name.removesuffix("weight")
+        scale = t.abs().amax() / FP8_MAX
+        out[name], deq[name] = fp8_quant(t, scale)
+        out[base + "weight_scale"] = scale.float().reshape(())
+        if static_scales:
+            out[base + "input_scale"] = torch.tensor(static_scales[base.rstrip(".")], dtype=torch.float32)
+    save_file(out, str(dst / "model.safetensors"))
+    return dst, deq
