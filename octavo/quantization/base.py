@@ -27,6 +27,8 @@ class LinearMethod(ABC):
     tensor_names: tuple[str, ...] = ()
     # Suffixes a shard may provide (consumed when present, e.g. GPTQ's ``g_idx``).
     optional_names: tuple[str, ...] = ()
+    # Online methods quantize full-precision weights: faster on the model's device.
+    quantizes_on_device: bool = False
 
     @abstractmethod
     def to_canonical(self, tensors: dict[str, torch.Tensor]) -> CanonicalWeight:

@@ -79,6 +79,8 @@ class IntWeight:
     def cols(self, start: int, length: int) -> IntWeight:
         if self.perm is not None:
             raise ValueError("act-order (desc_act / g_idx) weights cannot be split along their input dimension")
+        if self.scales.shape[1] == 1:  # per channel: the row's scale holds for any columns
+            return replace(self, q=self.q.narrow(1, start, length), group=length)
         if start % self.group or length % self.group:
             raise ValueError(f"input slice [{start}, {start + length}) does not align to group size {self.group}")
         g0, gl = start // self.group, length // self.group
@@ -222,6 +224,24 @@ class Int8Weight:
 
 
 CanonicalWeight = IntWeight | Fp8Weight | Int8Weight
+
+
+def int_weight_from_g_idx(
+    q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor | None, bits: int, group: int
+) -> IntWeight:
+    """An ``IntWeight`` from codes [N, K] whose input channel ``k`` belongs to group
+    ``g_idx[k]`` (GPTQ / compressed-tensors act-order): K is permuted so each group is
+    contiguous (``perm = argsort(g_idx)``, stable); the layer then feeds ``x[:, perm]``."""
+    n, k = q.shape
+    if g_idx is None:
+        return IntWeight(q, scales, zeros, bits, group)
+    g_idx = g_idx.to(torch.int64)
+    perm = torch.argsort(g_idx, stable=True)
+    if not torch.equal(g_idx[perm], torch.arange(k) // group):
+        raise ValueError(f"g_idx does not assign {group} input channels to each of {k // group} groups")
+    if torch.equal(perm, torch.arange(k)):
+        return IntWeight(q, scales, zeros, bits, group)
+    return IntWeight(q[:, perm].contiguous(), scales, zeros, bits, group, perm)
 
 
 def cat_shards(parts: list[CanonicalWeight]) -> CanonicalWeight:

@@ -9,7 +9,7 @@
   block, activations dynamic per token or static ``input_scale`` [1];
 - INT8 W8A8, ``int-quantized``: ``weight`` int8, ``weight_scale`` [N, 1], symmetric activations
   dynamic per token or static ``input_scale``.
-Anything else (activation ordering, asymmetric activations, sparsity, transforms, a KV cache
+``actorder: group`` (GPTQ act-order) adds ``weight_g_idx`` [K]. Anything else (asymmetric activations, sparsity, transforms, a KV cache
 scheme, other bit widths) is refused with the setting named.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from octavo.quantization.base import LinearMethod, QuantizationConfig, check_keys, matches_ignore
-from octavo.quantization.canonical import Fp8Weight, Int8Weight, IntWeight
+from octavo.quantization.canonical import Fp8Weight, Int8Weight, IntWeight, int_weight_from_g_idx
 from octavo.quantization.packing import unpack_int32
 
 WHAT = "compressed-tensors"
@@ -45,17 +45,19 @@ class Args:
     group_size: int | None
     block: tuple[int, int] | None
     dynamic: bool
+    actorder: str | None = None
 
     @staticmethod
     def parse(d: dict[str, Any], where: str) -> Args:
         check_keys(d, _ARG_KEYS, f"{WHAT} {where}")
-        if d.get("actorder") not in (None, False):
-            raise ValueError(f"{WHAT} {where}: actorder {d['actorder']!r} is not supported")
+        actorder = d.get("actorder") or None
+        if actorder not in (None, "group", "weight", "static"):
+            raise ValueError(f"{WHAT} {where}: actorder {actorder!r} is not supported")
         block = d.get("block_structure")
         return Args(
             int(d.get("num_bits", 8)), str(d.get("type", "int")), bool(d.get("symmetric", True)),
             str(d.get("strategy", "tensor")), d.get("group_size"), tuple(block) if block else None,
-            bool(d.get("dynamic", False)),
+            bool(d.get("dynamic", False)), actorder,
         )
 
 
@@ -70,6 +72,8 @@ def _scheme_error(where: str, w: Args, a: Args | None, fmt: str) -> ValueError:
 
 def method_for(w: Args, a: Args | None, fmt: str, where: str) -> LinearMethod:
     """The LinearMethod of one config group, or ValueError naming the scheme."""
+    if w.actorder is not None and not (a is None and w.type == "int" and w.strategy == "group"):
+        raise ValueError(f"{WHAT} {where}: actorder {w.actorder!r} is not supported for this scheme")
     if a is None and w.type == "int" and w.num_bits in (4, 8) and fmt in INT_FORMATS:
         if w.strategy in ("group", "channel") and (w.strategy != "group" or w.group_size):
             return WeightOnlyInt(w, packed=fmt == "pack-quantized")
@@ -91,6 +95,10 @@ class WeightOnlyInt(LinearMethod):
         self.args, self.packed = w, packed
         weight = ("weight_packed", "weight_shape") if packed else ("weight",)
         self.tensor_names = (*weight, "weight_scale") + (() if w.symmetric else ("weight_zero_point",))
+        # actorder "group": input channel k belongs to group weight_g_idx[k] (not k // group);
+        # "weight" / "static" only changed the order GPTQ quantized in: groups stay contiguous.
+        if w.actorder == "group":
+            self.tensor_names += ("weight_g_idx",)
 
     def to_canonical(self, t: dict[str, torch.Tensor]) -> IntWeight:
         bits, off = self.args.num_bits, 1 << (self.args.num_bits - 1)
@@ -108,7 +116,7 @@ class WeightOnlyInt(LinearMethod):
             zeros = unpack_int32(t["weight_zero_point"], bits, 0, n)
         else:
             zeros = (t["weight_zero_point"].to(torch.int16).reshape(n, -1) + off).to(torch.uint8)
-        return IntWeight(q, scales, zeros.reshape(scales.shape), bits, group)
+        return int_weight_from_g_idx(q, scales, zeros.reshape(scales.shape), t.get("weight_g_idx"), bits, group)
 
     def describe(self) -> str:
         a = self.args

@@ -31,6 +31,7 @@ def quantize_fp8_per_channel(w: torch.Tensor) -> Fp8Weight:
 
 class Fp8Online(LinearMethod):
     tensor_names = ("weight",)
+    quantizes_on_device = True
 
     def to_canonical(self, t: dict[str, torch.Tensor]) -> Fp8Weight:
         return quantize_fp8_per_channel(t["weight"])

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from octavo.quantization.base import LinearMethod, QuantizationConfig, check_keys
-from octavo.quantization.canonical import IntWeight
+from octavo.quantization.canonical import IntWeight, int_weight_from_g_idx
 from octavo.quantization.packing import unpack_int32
 
 
@@ -37,21 +37,14 @@ class GptqLinear(LinearMethod):
         if int(z.max()) >= (1 << self.bits):
             raise ValueError(f"zero points overflow {self.bits} bits (checkpoint_format mismatch?)")
         group = k if self.group == -1 else self.group
+        if scales.shape[0] * group != k:
+            raise ValueError(f"scales have {scales.shape[0]} groups, expected {k // group} for group size {group}")
         g_idx = t.get("g_idx")
-        if g_idx is None:
-            g_idx = torch.arange(k) // group
-        g_idx = g_idx.to(torch.int64)
-        perm = torch.argsort(g_idx, stable=True)
-        sorted_groups = g_idx[perm]
-        if not torch.equal(sorted_groups, torch.arange(k) // group):
-            raise ValueError(f"g_idx does not assign {group} input channels to each of {k // group} groups")
-        if int(g_idx.max()) >= scales.shape[0]:
-            raise ValueError(f"g_idx names group {int(g_idx.max())}, scales have {scales.shape[0]}")
-        trivial = torch.equal(perm, torch.arange(k))
-        groups_used = sorted_groups[::group]
-        s, zz = scales[groups_used], z[groups_used].to(torch.uint8)
-        q = q if trivial else q[perm]
-        return IntWeight(q.T.contiguous(), s.T.contiguous(), zz.T.contiguous(), self.bits, group, None if trivial else perm)
+        if g_idx is not None and g_idx.numel() != k:
+            raise ValueError(f"g_idx has {g_idx.numel()} entries, expected {k}")
+        return int_weight_from_g_idx(
+            q.T.contiguous(), scales.T.contiguous(), z.to(torch.uint8).T.contiguous(), g_idx, self.bits, group
+        )
 
     def describe(self) -> str:
         return f"gptq int{self.bits} group {self.group}"

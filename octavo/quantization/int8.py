@@ -24,6 +24,7 @@ def quantize_int8_per_channel(w: torch.Tensor) -> IntWeight:
 
 class Int8Online(LinearMethod):
     tensor_names = ("weight",)
+    quantizes_on_device = True
 
     def to_canonical(self, t: dict[str, torch.Tensor]) -> IntWeight:
         return quantize_int8_per_channel(t["weight"])

@@ -82,7 +82,10 @@ class QuantState:
         """Canonical weight per shard -> this rank's slice -> fused -> device -> prepacked."""
         parts = []
         for shard in self.shards:
-            w = self.method.to_canonical(self.pending[shard])
+            tensors = self.pending[shard]
+            if self.method.quantizes_on_device:  # online: quantize where the model lives
+                tensors = {k: v.to(self.device) for k, v in tensors.items()}
+            w = self.method.to_canonical(tensors)
             parts.append(_rank_slice(layer, w, shard))
         self.pending = {s: {} for s in self.shards}
         self.install(cat_shards(parts))

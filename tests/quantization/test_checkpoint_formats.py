@@ -23,6 +23,7 @@ WEIGHT_ONLY = {
     "ct-w4a16-g128-sym": lambda s, d: writers.ct_weight_only(s, d, 4, 128, sym=True),
     "ct-w8a16-channel-sym": lambda s, d: writers.ct_weight_only(s, d, 8, None, sym=True),
     "ct-w8a16-g64-asym": lambda s, d: writers.ct_weight_only(s, d, 8, 64, sym=False),
+    "ct-w4a16-g32-actorder-group": lambda s, d: writers.ct_weight_only(s, d, 4, 32, sym=False, actorder=True),
     "ct-w8a16-int-quantized": lambda s, d: writers.ct_weight_only(s, d, 8, None, sym=True, packed=False),
     "awq-g64": lambda s, d: writers.awq(s, d, 64),
     "awq-g128": lambda s, d: writers.awq(s, d, 128),

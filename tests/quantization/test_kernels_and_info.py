@@ -37,6 +37,10 @@ def test_canonical_slices_are_slices_of_the_dequantized_weight():
     full = torch_ref.dequantize_int(fused)
     torch.testing.assert_close(torch_ref.dequantize_int(fused.rows(16, 8)), full[16:24])
     torch.testing.assert_close(torch_ref.dequantize_int(fused.cols(32, 32)), full[:, 32:])
+    per_channel = _int_weight(group=64, bits=8, seed=3)
+    torch.testing.assert_close(
+        torch_ref.dequantize_int(per_channel.cols(16, 32)), torch_ref.dequantize_int(per_channel)[:, 16:48]
+    )
     fp8 = Fp8Weight(torch.randn(256, 256).to(torch.float8_e4m3fn), torch.rand(2, 2) + 0.5, block=(128, 128))
     full8 = torch_ref.dequantize_fp8(fp8)
     torch.testing.assert_close(torch_ref.dequantize_fp8(fp8.rows(128, 128).cols(0, 128)), full8[128:, :128])

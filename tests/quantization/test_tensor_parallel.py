@@ -16,8 +16,8 @@ FORMATS = {
 }
 
 
-def _generate(path: str, tp: int) -> list[list[int]]:
-    llm = LLM(path, dtype="float32", tensor_parallel_size=tp, max_num_seqs=4)
+def _generate(path: str, tp: int, **kw) -> list[list[int]]:
+    llm = LLM(path, dtype="float32", tensor_parallel_size=tp, max_num_seqs=4, **kw)
     vocab = llm.llm_engine.config.model_config.vocab_size
     prompts = [{"prompt_token_ids": p} for p in random_prompts(vocab, [3, 17, 40], seed=5)]
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
@@ -30,6 +30,12 @@ def _generate(path: str, tp: int) -> list[list[int]]:
 def test_tp2_matches_tp1(fmt, wide_llama, tmp_path):
     qdir, _ = FORMATS[fmt](wide_llama, tmp_path / "q")
     assert _generate(str(qdir), 2) == _generate(str(qdir), 1)
+
+
+@pytest.mark.usefixtures("cpu_platform")
+def test_online_int8_tp2_matches_tp1(wide_llama):
+    """Per-channel scales span the whole row; each rank keeps them for its input columns."""
+    assert _generate(wide_llama, 2, quantization="int8") == _generate(wide_llama, 1, quantization="int8")
 
 
 @pytest.mark.usefixtures("cpu_platform")

@@ -69,24 +69,36 @@ def write_dequantized(src: str | Path, dst: Path, deq: dict[str, torch.Tensor]) 
     return dst
 
 
-def ct_weight_only(src, dst: Path, bits: int, group: int | None, sym: bool, packed: bool = True):
-    """compressed-tensors W4A16/W8A16 (``pack-quantized``, or ``int-quantized`` unpacked)."""
+def ct_weight_only(src, dst: Path, bits: int, group: int | None, sym: bool, packed: bool = True,
+                   actorder: bool = False):
+    """compressed-tensors W4A16/W8A16 (``pack-quantized``, or ``int-quantized`` unpacked);
+    ``actorder``: GPTQ act-order groups (``actorder: group``, ``weight_g_idx``)."""
     strategy = "group" if group else "channel"
     qc = {
         "quant_method": "compressed-tensors", "format": "pack-quantized" if packed else "int-quantized",
         "quantization_status": "compressed", "ignore": ["lm_head"],
         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
             "num_bits": bits, "type": "int", "symmetric": sym, "strategy": strategy, "group_size": group,
-            "dynamic": False, "actorder": None, "observer": "minmax"}}},
+            "dynamic": False, "actorder": "group" if actorder else None, "observer": "minmax"}}},
     }
     tensors, out, deq = _copy(src, dst, qc), {}, {}
     off = 1 << (bits - 1)
+    orders: dict[tuple[str, int], torch.Tensor] = {}
+    gen = torch.Generator().manual_seed(1)
     for name, t in tensors.items():
         if not is_linear(name):
             out[name] = t
             continue
         base = name.removesuffix("weight")
-        q, s, z, deq[name] = quant_int(t, bits, group or t.shape[1], sym)
+        k = t.shape[1]
+        order = orders.setdefault((_input_key(name), k), torch.randperm(k, generator=gen) if actorder else torch.arange(k))
+        q, s, z, d = quant_int(t[:, order], bits, group or k, sym)
+        inv = torch.argsort(order)
+        q, deq[name] = q[:, inv].contiguous(), d[:, inv]
+        if actorder:
+            g_idx = torch.empty(k, dtype=torch.int32)
+            g_idx[order] = (torch.arange(k) // group).to(torch.int32)
+            out[base + "weight_g_idx"] = g_idx
         if packed:
             out[base + "weight_packed"] = pack(q, bits, 1)
             out[base + "weight_shape"] = torch.tensor(list(t.shape), dtype=torch.int64)
