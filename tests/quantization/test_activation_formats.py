@@ -55,8 +55,8 @@ def test_compressed_tensors_w8a8_matches_transformers(fmt, wide_llama, tmp_path)
     result = compare(llm, ref, seqs)
     print(f"\n{fmt}: {result}")
     assert result.top1 >= 0.97, result
-    # int8 activations: a code flips wherever x / scale lands within float32 rounding of .5
-    # (compressed-tensors and octavo divide in a different order): measured 1.05e-2.
+    # int8 activations: codes near a rounding boundary flip on float32 differences in the
+    # per-token scale, and a random tiny model amplifies them: measured 1.05e-2.
     assert result.mean_abs_dlogprob < 2e-2, result
     # Activation rounding is real: the weight-only model is a clearly different function.
     weight_only = hf_model(str(writers.write_dequantized(wide_llama, tmp_path / "deq", deq)))
