@@ -128,6 +128,10 @@ def engine_facts(llm_engine: Any) -> dict[str, Any]:
         facts["enforce_eager"] = cfg.enforce_eager
         facts["model"] = cfg.model_config.model
         facts["model_weights_mib"] = round(core.runner.model_bytes() / 2**20, 1)
+        if cfg.model_config.quantization is not None:
+            kernels = core.runner.quant_kernels
+            facts["quantization"] = cfg.model_config.quantization
+            facts["quantization_kernels"] = kernels.summary() if kernels is not None else ""
     except Exception as e:  # noqa: BLE001
         facts["engine_facts_error"] = repr(e)
     return facts

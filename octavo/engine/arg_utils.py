@@ -36,7 +36,7 @@ from octavo.engine.model_files import (
     resolve_tokenizer_path,
 )
 from octavo.platforms import current_platform
-from octavo.quantization import resolve_quantization
+from octavo.quantization import checkpoint_method, resolve_quantization
 from octavo.utils.extras import require_extra
 
 logger = logging.getLogger(__name__)
@@ -298,15 +298,17 @@ class EngineArgs:
         """The method in effect; a method octavo cannot honour is refused here, at load."""
         from octavo.models.registry import MOE_ARCHITECTURES
 
-        method = resolve_quantization(
-            self.quantization, getattr(hf_config, "quantization_config", None),
-            current_platform.name, current_platform.supported_quantization,
-        )
-        if method is not None and arch in MOE_ARCHITECTURES:
+        qc = getattr(hf_config, "quantization_config", None)
+        wanted = self.quantization or checkpoint_method(qc)
+        if wanted is not None and arch in MOE_ARCHITECTURES:
             raise ValueError(
-                f"quantization method {method!r} is not supported for mixture-of-experts models "
+                f"quantization method {wanted!r} is not supported for mixture-of-experts models "
                 f"({arch}): the expert kernels run bfloat16, float16 or float32 weights only"
             )
+        method = resolve_quantization(
+            self.quantization, qc, current_platform.name, current_platform.supported_quantization,
+            getattr(current_platform, "supported_online_quantization", ()),
+        )
         return method
 
     def _check_experts(self, hf_config: Any, arch: str) -> None:

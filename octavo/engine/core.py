@@ -74,6 +74,8 @@ class EngineCore:
         for rank, info in enumerate(self.executor.worker_infos):
             if info.get("moe"):
                 logger.info("rank %d: %s", rank, info["moe"])
+            if info.get("quantization"):
+                logger.info("rank %d: quantization %s: %s", rank, mc.quantization, info["quantization"])
 
     @property
     def runner(self):

@@ -53,7 +53,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if args.models:
         print("\n".join(models_table()))
         return 0
-    for key, value in collect_info(args.model, args.tensor_parallel_size, args.enable_expert_parallel).items():
+    for key, value in collect_info(
+        args.model, args.tensor_parallel_size, args.enable_expert_parallel, args.quantization
+    ).items():
         print(f"{key:<20} {value}")
     return 0
 
@@ -136,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--models", action="store_true", help="list the supported architectures with their features, and the MoE flags")
     info.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="show the per-rank placement for this tensor-parallel size")
     info.add_argument("--enable-expert-parallel", action="store_true", help="show the expert-parallel placement of a MoE model")
+    info.add_argument("--quantization", "-q", default=None, help="show the quantization method and kernels for --model with this method")
     info.set_defaults(func=_cmd_info)
     _add_bench_parser(sub)
     _add_serve_parser(sub)

@@ -14,7 +14,8 @@ def _dtype_name(dtype) -> str:
 
 
 def collect_info(
-    model: str | None = None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False
+    model: str | None = None, tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
+    quantization: str | None = None,
 ) -> dict[str, str]:
     """Everything ``octavo info`` prints, as ordered (label, explanation) pairs."""
     import torch
@@ -43,7 +44,8 @@ def collect_info(
     info["communicator"] = f"{comm} [torch.distributed backend {p.get_dist_backend()}]"
     try:
         cfg = EngineArgs(
-            model=model, tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel
+            model=model, tensor_parallel_size=tensor_parallel_size, enable_expert_parallel=enable_expert_parallel,
+            quantization=quantization,
         ).create_engine_config()
     except ValueError as e:
         info["graphs"] = str(p.get_graph_capture())
@@ -74,6 +76,29 @@ def collect_info(
     for name, reasons in skipped.items():
         info[f"  not {name}"] = "; ".join(reasons)
     info.update(_moe_info(p, cfg))
+    info.update(_quant_info(p, mc))
+    return info
+
+
+def _quant_info(p, mc) -> dict[str, str]:
+    """The platform's quantization methods; for a quantized model, its method and the kernel
+    each kind of its weights would run (and why the faster ones would not)."""
+    from octavo.quantization import supported_methods
+
+    online = ", ".join(getattr(p, "supported_online_quantization", ())) or "none"
+    info = {"quantization methods": f"{', '.join(supported_methods(p.supported_quantization)) or 'none'} "
+                                    f"(online: {online})"}
+    if mc.quantization is None:
+        return info
+    from octavo.quantization import get_quant_config
+    from octavo.quantization.kernels.select import probe_kernels
+
+    qconfig = get_quant_config(mc.quantization, getattr(mc.hf_config, "quantization_config", None))
+    info["quantization"] = qconfig.describe()
+    for kind, (kernel, skipped) in probe_kernels(qconfig.kinds, dict(p.quant_kernel_priority)).items():
+        info[f"quant kernel ({kind})"] = kernel
+        for name, why in skipped.items():
+            info[f"  not {name}"] = why
     return info
 
 

@@ -62,8 +62,12 @@ def _use_fused(ops: ModuleType | None, x: torch.Tensor) -> ModuleType | None:
 
 
 def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` for a linear layer; through the bound kernels' prepacked weights where
-    they apply (oneDNN on the CPU)."""
+    """``layer(x)`` for a linear layer; through its quantization kernel when it is quantized
+    (``octavo.quantization``), else the bound kernels' prepacked weights where they apply
+    (oneDNN on the CPU)."""
+    quant = layer.__dict__.get("quant_state")
+    if quant is not None:
+        return quant.apply(layer, x)
     ops = fused_ops_of(layer)
     if ops is not None and ops.linear_usable(layer, x):
         return ops.linear(layer, x)

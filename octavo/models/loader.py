@@ -118,8 +118,11 @@ def _progress(total_bytes: int, it: Iterator, desc: str) -> Iterator:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, model_dir: str | os.PathLike, load_format: str = "auto") -> None:
+    from octavo.quantization.linear import accept_tensor, finalize_all, quantized_targets
+
     params = dict(model.named_parameters())
-    expected = model.expected_checkpoint_targets()
+    # Quantized linear layers (octavo.quantization) take their tensors themselves.
+    expected = model.expected_checkpoint_targets() | quantized_targets(model)
     loaded: set[tuple[str, str | None]] = set()
     unexpected: list[str] = []
     size, tensors = iter_checkpoint(model_dir, load_format)
@@ -133,7 +136,14 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike, load_format: st
             continue  # derivable by design (rotary inv_freq, a tied lm_head)
         pname, shard = target
         if pname not in params:
-            unexpected.append(name)
+            try:
+                accepted = accept_tensor(model, pname, tensor, shard)
+            except ValueError as e:
+                raise ValueError(f"tensor {name!r}: {e}") from None
+            if accepted:
+                loaded.add((pname, shard))
+            else:
+                unexpected.append(name)
             continue
         param = params[pname]
         # Tensor-parallel parameters slice their rank's part out of the full tensor.
@@ -153,6 +163,7 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike, load_format: st
     if missing:
         names = sorted(f"{p}[{s}]" if s else p for p, s in missing)
         raise ValueError(f"checkpoint {str(model_dir)!r} is missing tensors: {_first_names(names)}")
+    finalize_all(model)
 
 
 def _first_names(names: list[str], limit: int = 8) -> str:

@@ -28,6 +28,11 @@ class CpuPlatform(Platform):
     default_block_size = 16
     fused_op_kernels = "cpu"
     decode_gemv = "table"  # octavo's bf16 GEMV for linears at <= 4 rows (OCTAVO_DECODE_GEMV=off: oneDNN)
+    # fp8 checkpoints run emulated (weights dequantized, activations rounded through float8
+    # casts): correct but not faster; online fp8 is refused (int8 is the CPU's online method).
+    supported_quantization = ("awq", "compressed-tensors", "fp8", "gptq", "int8")
+    supported_online_quantization = ("int8",)
+    quant_kernel_priority: ClassVar[dict[str, tuple[str, ...]]] = {"int": ("cpu_int",)}
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -167,6 +167,11 @@ class CudaPlatform(CudaLikePlatform):
     communicator_reason = "NCCL over NVLink / PCIe"
     dist_backend = "nccl"
     decode_gemv = "auto"  # Triton split-K GEMV where it beats cuBLAS (timed at load)
+    supported_quantization = ("awq", "compressed-tensors", "fp8", "gptq", "int8")
+    supported_online_quantization = ("fp8", "int8")
+    quant_kernel_priority: ClassVar[dict[str, tuple[str, ...]]] = {
+        "int": ("triton_w4a16",), "fp8": ("triton_fp8",),
+    }
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -126,6 +126,11 @@ class Platform:
     default_block_size: ClassVar[int] = 16
     supported_block_sizes: ClassVar[tuple[int, ...]] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
     supported_quantization: ClassVar[tuple[str, ...]] = ()
+    # Methods that may quantize an unquantized checkpoint at load (``--quantization int8``).
+    supported_online_quantization: ClassVar[tuple[str, ...]] = ()
+    # Kernels for quantized linear layers by priority, per canonical weight kind ("int",
+    # "fp8", "int8_w8a8"; names in octavo.quantization.kernels.select); torch_ref is the fallback.
+    quant_kernel_priority: ClassVar[dict[str, tuple[str, ...]]] = {}
     # Attention backends by priority: registered names or qualified class paths.
     attn_backend_priority: ClassVar[tuple[str, ...]] = ("torch_ref",)
     # Mixture-of-experts kernels by priority: names in octavo.models.moe.kernels or class paths.

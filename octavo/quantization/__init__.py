@@ -6,9 +6,10 @@ it were unquantized yields garbage, so the rule here is strict: a method is eith
 (and then it loads its own tensors and applies its own kernel) or it is refused at load with one
 line naming the method and the supported ones. Nothing is silently dequantized or skipped.
 
-``QUANTIZATION_METHODS`` maps vLLM's method names to the module implementing each; it is empty
-until a method lands, so today every quantized checkpoint and every ``--quantization`` value is
-refused with a clear message.
+``QUANTIZATION_METHODS`` maps vLLM's method names to the ``QuantizationConfig`` implementing
+each (``base.py``: config -> ``LinearMethod`` -> canonical weight -> kernel). Each platform lists
+the methods it runs (``Platform.supported_quantization``) and those it may apply to an
+unquantized checkpoint at load (``supported_online_quantization``); other pairs are refused.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 # vLLM's method name -> qualified path of the octavo class implementing it.
-QUANTIZATION_METHODS: dict[str, str] = {}
+QUANTIZATION_METHODS: dict[str, str] = {
+    "awq": "octavo.quantization.awq:AwqConfig",
+    "compressed-tensors": "octavo.quantization.compressed_tensors:CompressedTensorsConfig",
+    "fp8": "octavo.quantization.fp8:Fp8Config",
+    "gptq": "octavo.quantization.gptq:GptqConfig",
+    "int8": "octavo.quantization.int8:Int8Config",
+}
 
 # Every value vLLM accepts for --quantization: named in errors so a user coming from vLLM
 # learns that octavo knows the method and does not run it yet (rather than "unknown").
@@ -49,7 +56,8 @@ def checkpoint_method(hf_quant_config: Any) -> str | None:
 
 
 def resolve_quantization(
-    requested: str | None, hf_quant_config: Any, platform_name: str, platform_methods: tuple[str, ...]
+    requested: str | None, hf_quant_config: Any, platform_name: str, platform_methods: tuple[str, ...],
+    online_methods: tuple[str, ...] = (),
 ) -> str | None:
     """The method this engine runs, or ``ValueError`` naming what cannot be honoured.
 
@@ -78,4 +86,27 @@ def resolve_quantization(
             f"{source} asks for quantization method {method!r}, which the {platform_name} platform "
             f"cannot run; supported here: {', '.join(supported) or 'none'}"
         )
+    if from_ckpt is None and method not in online_methods:
+        raise ValueError(
+            f"--quantization (quantization) {method!r} on an unquantized checkpoint asks octavo to quantize "
+            f"it at load, which the {platform_name} platform does not do for {method!r}; methods it "
+            f"quantizes online: {', '.join(online_methods) or 'none'}"
+            + (" (fp8 on the CPU would only be emulated: slower and less accurate than bfloat16)"
+               if method == "fp8" and platform_name == "cpu" else "")
+        )
+    get_quant_config(method, hf_quant_config)  # unsupported settings are refused here, at load
     return method
+
+
+def get_quant_config(method: str, hf_quant_config: Any):
+    """The parsed ``QuantizationConfig`` of ``method`` (``hf_quant_config`` None: online)."""
+    import importlib
+
+    from octavo.quantization.base import QuantizationConfig
+
+    module, _, cls_name = QUANTIZATION_METHODS[method].partition(":")
+    cls: type[QuantizationConfig] = getattr(importlib.import_module(module), cls_name)
+    cfg = None if hf_quant_config is None else (
+        dict(hf_quant_config) if isinstance(hf_quant_config, dict) else dict(vars(hf_quant_config))
+    )
+    return cls.from_config(cfg)

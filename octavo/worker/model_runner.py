@@ -58,6 +58,7 @@ class ModelRunner:
         self.model = None
         # Length-dependent RoPE (longrope, dynamic): the model takes rope keys for positions.
         self.length_rope = None
+        self.quant_kernels = None  # octavo.quantization.linear.KernelChoice when quantized
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.input_batch = InputBatch(
@@ -97,8 +98,13 @@ class ModelRunner:
                 model = model_cls(mc.hf_config, self.attn_backend, mc.dtype, self.max_model_len)
         finally:
             torch.set_default_dtype(old)
+        self.quant_kernels = self._quantize(model)
         if mc.load_format == "dummy":
             init_dummy_weights(model, seed=mc.seed)
+            if self.quant_kernels is not None:
+                from octavo.quantization.linear import init_dummy_quantized
+
+                init_dummy_quantized(model, seed=mc.seed)
         else:
             load_weights(model, mc.model, mc.load_format)
         bind_fused_ops(model, self.platform.fused_op_kernels, self.platform.decode_gemv_policy())
@@ -106,9 +112,23 @@ class ModelRunner:
         self.length_rope = length_rope(mc.hf_config, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
 
+    def _quantize(self, model):
+        """Hand the linear layers to the quantization method in effect (None: unquantized)."""
+        mc = self.config.model_config
+        if mc.quantization is None:
+            return None
+        from octavo.quantization import get_quant_config
+        from octavo.quantization.linear import quantize_model
+
+        qconfig = get_quant_config(mc.quantization, getattr(mc.hf_config, "quantization_config", None))
+        logger.info("quantization: %s", qconfig.describe())
+        return quantize_model(model, qconfig, dict(getattr(self.platform, "quant_kernel_priority", {})))
+
     def model_bytes(self) -> int:
         assert self.model is not None
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        from octavo.quantization.linear import quantized_bytes
+
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + quantized_bytes(self.model)
 
     def kv_bytes_per_block(self) -> int:
         mc = self.config.model_config

@@ -62,6 +62,8 @@ class Worker:
             "load_seconds": r.load_seconds,
             # Mixture-of-experts placement and kernel on this rank ("" for dense models).
             "moe": f"{len(moe)} MoE layers, {moe[0].describe()}" if moe else "",
+            # Quantized linear layers: weight kind -> kernel chosen ("" when unquantized).
+            "quantization": r.quant_kernels.summary() if r.quant_kernels is not None else "",
         }
 
     def shutdown(self) -> None:

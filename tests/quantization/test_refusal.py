@@ -2,8 +2,9 @@
 
 The checkpoints here are real safetensors folders: the tiny Llama fixture rewritten with
 an FP8 ``compressed-tensors`` layout (float8 weights plus ``weight_scale`` tensors), as the
-checkpoints users bring look on disk. Before the refusal existed this loaded "fine" and
-generated garbage.
+checkpoints users bring look on disk. Before quantization support existed such a checkpoint
+loaded "fine" and generated garbage; now it runs (tests/quantization/test_activation_formats.py)
+and every setting octavo cannot honour is refused with the setting named.
 """
 
 from __future__ import annotations
@@ -53,9 +54,37 @@ def _fp8_checkpoint(src, dst, quant_config):
     return dst
 
 
-def test_compressed_tensors_fp8_checkpoint_is_refused(llama_dir, tmp_path):
+def test_compressed_tensors_fp8_checkpoint_loads_with_its_scales(llama_dir, tmp_path):
+    from octavo import SamplingParams
+
     d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", COMPRESSED_FP8)
-    with pytest.raises(ValueError, match=r"quantization method 'compressed-tensors'.*octavo supports: none"):
+    out = LLM(str(d), dtype="float32").generate(
+        [{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
+    )
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize(
+    "change, pattern",
+    [
+        (lambda g: g["weights"].update(num_bits=4, type="int"), r"scheme weights int4 channel symmetric, activations float8"),
+        (lambda g: g["weights"].update(actorder="group"), r"actorder 'group' is not supported"),
+        (lambda g: g["weights"].update(my_knob=1), r"unsupported quantization_config keys \['my_knob'\]"),
+        (lambda g: g.update(output_activations={"num_bits": 8}), r"output_activations quantization is not supported"),
+    ],
+)
+def test_unsupported_compressed_tensors_scheme_is_refused(llama_dir, tmp_path, change, pattern):
+    qc = json.loads(json.dumps(COMPRESSED_FP8))
+    change(qc["config_groups"]["group_0"])
+    d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", qc)
+    with pytest.raises(ValueError, match=pattern):
+        LLM(str(d))
+
+
+def test_compressed_tensors_kv_cache_scheme_is_refused(llama_dir, tmp_path):
+    qc = dict(COMPRESSED_FP8, kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor"})
+    d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", qc)
+    with pytest.raises(ValueError, match=r"compressed-tensors: kv_cache_scheme is not supported"):
         LLM(str(d))
 
 
@@ -83,17 +112,29 @@ def test_quantization_config_refused_with_method_named(llama_dir, tmp_path, qcfg
         LLM(str(d))
 
 
-def test_quantization_flag_is_refused_not_ignored(llama_dir):
-    with pytest.raises(ValueError, match=r"--quantization \(quantization\) asks for quantization method 'fp8'"):
+def test_quantization_flag_is_refused_not_ignored(llama_dir, cpu_platform):
+    with pytest.raises(ValueError, match=r"--quantization \(quantization\) 'fp8' on an unquantized checkpoint"):
         LLM(llama_dir, quantization="fp8")
+    with pytest.raises(ValueError, match=r"'marlin' \(a vLLM method octavo does not implement yet\)"):
+        LLM(llama_dir, quantization="marlin")
 
 
-def test_method_known_but_not_on_this_platform(monkeypatch):
-    import octavo.quantization as q
-
-    monkeypatch.setitem(q.QUANTIZATION_METHODS, "fp8", "some.module.Fp8")
-    with pytest.raises(ValueError, match=r"'fp8', which the cpu platform cannot run; supported here: none"):
-        resolve_quantization(None, {"quant_method": "fp8"}, "cpu", ())
-    assert resolve_quantization(None, {"quant_method": "fp8"}, "cuda", ("fp8",)) == "fp8"
+def test_method_known_but_not_on_this_platform():
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    with pytest.raises(ValueError, match=r"'fp8', which the tpu platform cannot run; supported here: none"):
+        resolve_quantization(None, fp8, "tpu", ())
+    assert resolve_quantization(None, fp8, "cuda", ("fp8",)) == "fp8"
     with pytest.raises(ValueError, match="does not match the checkpoint"):
-        resolve_quantization("awq", {"quant_method": "fp8"}, "cuda", ("fp8",))
+        resolve_quantization("awq", fp8, "cuda", ("fp8", "awq"))
+    with pytest.raises(ValueError, match=r"fp8: activation_scheme 'sometimes' is not supported"):
+        resolve_quantization(None, dict(fp8, activation_scheme="sometimes"), "cuda", ("fp8",))
+
+
+def test_platform_without_quantization_refuses_a_quantized_checkpoint(llama_dir, tmp_path, cpu_platform, monkeypatch):
+    """The platform layer's list decides: a CPU that listed no methods refuses the checkpoint."""
+    from octavo.platforms.cpu import CpuPlatform
+
+    monkeypatch.setattr(CpuPlatform, "supported_quantization", ())
+    d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", COMPRESSED_FP8)
+    with pytest.raises(ValueError, match=r"'compressed-tensors', which the cpu platform cannot run; supported here: none"):
+        LLM(str(d))
