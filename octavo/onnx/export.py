@@ -81,6 +81,22 @@ def check_export_args(dtype: str, quantize: str | None) -> None:
         raise ValueError(f"--quantize {quantize} quantizes a float32 export; drop --dtype {dtype}")
 
 
+def check_position_only_rope(hf_config: Any, context: int) -> None:
+    """The exported graph rotates q/k by ``position_ids`` alone. RoPE whose rotation also
+    depends on the sequence's length (longrope past ``original_max_position_embeddings``,
+    dynamic NTK past ``max_position_embeddings``) cannot be expressed that way: refused, naming
+    the context that would export exactly."""
+    from octavo.models.length_rope import length_rope
+
+    lr = length_rope(hf_config, context)
+    if lr is not None and context > lr.threshold:
+        raise ValueError(
+            f"this model's {lr.kind} RoPE depends on the sequence length beyond {lr.threshold} tokens, "
+            f"which an exported graph (rotation by position_ids only) cannot reproduce; export with "
+            f"--max-model-len {lr.threshold} or less"
+        )
+
+
 def export_onnx(model_dir: str, hf_config: Any, architecture: str, output: str, dtype: str = "fp32",
                 quantize: str | None = None, max_model_len: int | None = None) -> Path:
     """Write the exported model folder ``output``; returns its path. ``max_model_len``: the
@@ -94,6 +110,7 @@ def export_onnx(model_dir: str, hf_config: Any, architecture: str, output: str, 
     if (out / MODEL_FILE).exists():
         raise ValueError(f"{out / MODEL_FILE} exists; choose an empty --output folder")
     context = max_model_len or getattr(hf_config, "max_position_embeddings", None) or 2048
+    check_position_only_rope(hf_config, context)
     t0 = time.perf_counter()
     model = load_octavo_model(model_dir, hf_config, architecture, EXPORT_DTYPES[dtype], context)
     shape = ExportShape.of(hf_config)

@@ -51,6 +51,7 @@ class OnnxDecoder:
         self.num_layers, self.num_kv_heads, self.head_size = (
             dec["num_hidden_layers"], dec["num_key_value_heads"], dec["head_size"])
         self.vocab_size = cfg["model"]["vocab_size"]
+        self.context_length = int(cfg["model"]["context_length"])  # the positions the export covers
         self.dtype = export_kv_dtype(model_dir)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = num_threads
@@ -132,6 +133,12 @@ class OnnxModelRunner(ModelRunner):
     def load_model(self) -> None:
         t0 = time.perf_counter()
         self.model = OnnxDecoder(self.config.model_config.model, torch.get_num_threads())
+        if self.max_model_len > self.model.context_length:
+            raise ValueError(
+                f"--max-model-len {self.max_model_len} exceeds the {self.model.context_length} positions "
+                "this ONNX export covers; pass --max-model-len "
+                f"{self.model.context_length} or re-export with a larger --max-model-len"
+            )
         self.load_seconds = time.perf_counter() - t0
         logger.info("ONNX Runtime %s: %s on %d threads", _ort_version(), self.config.model_config.model,
                     torch.get_num_threads())

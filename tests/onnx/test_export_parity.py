@@ -26,13 +26,35 @@ def _greedy(model: str, prompts: list[list[int]], runs: int = 1, **kwargs) -> tu
     return outs, llm
 
 
-@pytest.mark.parametrize("arch", sorted(ARCH_SPECS))
+# RoPE that depends on the sequence length: the export is refused past the length where it starts
+# (llama_dynamic's default context, max_position_embeddings, is that length: it exports and runs).
+LENGTH_DEPENDENT_ROPE = {"llama_longrope", "phi3_longrope"}
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCH_SPECS) - LENGTH_DEPENDENT_ROPE))
 def test_onnxruntime_greedy_matches_octavo(arch, checkpoints, onnx_exports):
     kwargs = {"max_model_len": MAX_MODEL_LEN[arch]} if arch in MAX_MODEL_LEN else {}
-    prompts = random_prompts(500, LENGTHS, seed=5)
+    limit = MAX_MODEL_LEN.get(arch, 10**9)
+    prompts = random_prompts(500, [n for n in LENGTHS if n + MAX_TOKENS <= limit], seed=5)
     (expected,), _ = _greedy(checkpoints[arch], prompts, **kwargs)
     runs, llm = _greedy(onnx_exports[arch], prompts, runs=2, model_impl="onnxruntime", **kwargs)
     assert llm.llm_engine.config.model_config.model_impl == "onnxruntime"
     assert runs[0] == expected, arch
     assert runs[1] == expected, f"{arch}: from the prefix cache"
     assert llm.llm_engine.core.scheduler.kv_cache_manager.prefix_cache_hits > 0
+
+
+@pytest.mark.parametrize("arch", sorted(LENGTH_DEPENDENT_ROPE | {"llama_dynamic"}))
+def test_length_dependent_rope_export_is_refused(arch, checkpoints, tmp_path):
+    from octavo.engine.model_files import load_hf_config
+    from octavo.onnx.export import export_onnx
+
+    hf_config, architecture = load_hf_config(checkpoints[arch])
+    with pytest.raises(ValueError, match=r"RoPE depends on the sequence length beyond \d+ tokens.*--max-model-len"):
+        export_onnx(checkpoints[arch], hf_config, architecture, str(tmp_path / "out"), max_model_len=4096)
+    assert not (tmp_path / "out").exists()
+
+
+def test_max_model_len_past_the_export_is_refused(onnx_exports):
+    with pytest.raises(ValueError, match="exceeds the 64 positions this ONNX export covers"):
+        LLM(onnx_exports["llama_dynamic"], dtype="float32", model_impl="onnxruntime", max_model_len=128)

@@ -107,7 +107,7 @@ def _load_w_tile(
             w = q - z[:, None, None]
         else:  # a tile may span groups: one scale and zero per word (GROUP % 8 == 0)
             gidx = (offs_p * 8) // GROUP
-            g_ok = n_ok[:, None] & (gidx >= 0)[None, :]
+            g_ok = p_ok  # words past the end of K have no group: never read past the scales
             s = tl.load(ws_ptr + srow[:, None] + gidx[None, :], mask=g_ok, other=0.0)
             z = tl.load(wz_ptr + srow[:, None] + gidx[None, :], mask=g_ok, other=0.0)
             w = q - z[:, :, None]  # q - zero: integers in [-15, 15], exact in bf16/fp16
