@@ -89,6 +89,11 @@ def check_position_only_rope(hf_config: Any, context: int) -> None:
     from octavo.models.length_rope import length_rope
 
     lr = length_rope(hf_config, context)
+    if lr is not None and lr.kind == "dynamic":
+        raise ValueError(
+            "this model's dynamic RoPE depends on the sequence length beyond "
+            f"{lr.threshold} tokens; octavo's ONNX export does not support dynamic NTK scaling"
+        )
     if lr is not None and context > lr.threshold:
         raise ValueError(
             f"this model's {lr.kind} RoPE depends on the sequence length beyond {lr.threshold} tokens, "

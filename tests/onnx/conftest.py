@@ -7,8 +7,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the [onnx] extra (onnxruntime) is not installed")
 
 # longrope is exact up to original_max_position_embeddings (1024 in the phi3 fixture).
-# dynamic NTK is position-only up to max_position_embeddings (64 in llama_dynamic).
-MAX_MODEL_LEN = {"phi3": 1024, "llama_dynamic": 64}
+MAX_MODEL_LEN = {"phi3": 1024}
 
 
 @pytest.fixture(scope="session")
