@@ -73,3 +73,34 @@ def test_penalties_min_tokens_and_stop_tokens_with_speculation(llama_dir):
     for a, b in zip(base, spec, strict=True):
         assert b.outputs[0].token_ids == a.outputs[0].token_ids
         assert b.outputs[0].finish_reason == a.outputs[0].finish_reason
+
+
+def test_structured_output_requests_run_beside_speculation(llama_dir):
+    """A grammar-constrained request verifies no drafts (its mask covers one position) and
+    stays valid; the unconstrained ones in the same batch still speculate, identically."""
+    import re
+
+    from octavo.sampling_params import StructuredOutputsParams
+
+    plain = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    regex = SamplingParams(temperature=0, max_tokens=30, structured_outputs=StructuredOutputsParams(regex="[a-e]{3}-[0-9]{2}"))
+    outs = {}
+    for spec in (None, SPEC):
+        llm = LLM(llama_dir, dtype="float32", speculative_config=spec)
+        prompts = _prompts(llm.llm_engine.config.model_config.vocab_size)
+        outs[spec is None] = llm.generate(prompts + prompts[:1], [plain] * 3 + [regex], use_tqdm=False)
+        assert re.fullmatch("[a-e]{3}-[0-9]{2}", outs[spec is None][3].outputs[0].text)
+    stats = llm.llm_engine.get_stats()
+    assert stats.spec_num_accepted_tokens > 0
+    assert [o.outputs[0].token_ids for o in outs[True]] == [o.outputs[0].token_ids for o in outs[False]]
+
+
+@pytest.mark.usefixtures("cpu_platform")  # gloo on CPU: 2 workers receive the drafts
+def test_tensor_parallel_workers_verify_drafts(llama_dir):
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    base, _ = _generate(llama_dir, None, params)
+    llm = LLM(llama_dir, dtype="float32", speculative_config=SPEC, tensor_parallel_size=2)
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    assert llm.llm_engine.get_stats().spec_num_accepted_tokens > 0
+    llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in base]
