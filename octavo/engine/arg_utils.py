@@ -37,8 +37,8 @@ from octavo.engine.model_files import (
 )
 from octavo.platforms import current_platform
 from octavo.quantization import checkpoint_method, resolve_quantization
-from octavo.utils.extras import require_extra
 from octavo.spec_decode.config import parse_speculative_config
+from octavo.utils.extras import require_extra
 
 logger = logging.getLogger(__name__)
 
