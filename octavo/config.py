@@ -118,6 +118,19 @@ class StructuredOutputsConfig:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """``--speculative-config`` (vLLM's keys). ``method`` ``ngram``: propose up to
+    ``num_speculative_tokens`` tokens by matching the last ``n`` tokens
+    (``prompt_lookup_min <= n <= prompt_lookup_max``, longest first) against the prompt and
+    output so far. Built and validated by ``octavo.spec_decode.config``."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 1
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+
+
+@dataclass(frozen=True)
 class OctavoConfig:
     model_config: ModelConfig
     cache_config: CacheConfig
@@ -126,6 +139,8 @@ class OctavoConfig:
     parallel_config: ParallelConfig
     enforce_eager: bool = False
     structured_outputs_config: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    # None: no speculative decoding.
+    speculative_config: SpeculativeConfig | None = None
 
     def replace(self, **kwargs: Any) -> OctavoConfig:
         return dataclasses.replace(self, **kwargs)

@@ -3,7 +3,9 @@ so that a vLLM Grafana dashboard works unchanged; labels ``model_name`` and ``en
 the same series again under ``octavo:...`` (label ``model_name``).
 
 Gauges mirror the scheduler's last stats snapshot (running / waiting requests, KV cache usage,
-prefix cache hit rate); counters count tokens, preemptions, prefix-cache queries/hits and
+prefix cache hit rate); counters count tokens, preemptions, prefix-cache queries/hits,
+speculative decoding (``spec_decode_num_drafts``, ``_num_draft_tokens``,
+``_num_accepted_tokens``, ``_num_accepted_tokens_per_pos`` by ``position``, as vLLM) and
 finished requests by reason; histograms hold time to first token, inter-token latency,
 end-to-end latency, and per request the time queued, in prefill, in decode and in inference
 (prefill + decode), the prompt and generation token counts. Each ``ServerMetrics`` owns its
@@ -53,7 +55,9 @@ class ServerMetrics:
     def __init__(self, model_name: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.model_name = model_name
-        self._last: dict[str, int] = {"queries": 0, "hits": 0, "preemptions": 0}
+        self._last: dict[str, int] = {"queries": 0, "hits": 0, "preemptions": 0, "drafts": 0,
+                                      "draft_tokens": 0, "accepted": 0}
+        self._last_per_pos: list[int] = []
         g, c, h = self._gauge, self._counter, self._hist
         self.num_running = g("num_requests_running", "Requests in the running batch.")
         self.num_waiting = g("num_requests_waiting", "Requests waiting to be scheduled.")
@@ -62,6 +66,15 @@ class ServerMetrics:
         self.prefix_queries = c("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = c("prefix_cache_hits", "Prompt tokens found in the prefix cache.")
         self.preemptions = c("num_preemptions", "Requests preempted (recomputed later).")
+        self.spec_drafts = c("spec_decode_num_drafts", "Speculative decoding: verifications (one per request per step).")
+        self.spec_draft_tokens = c("spec_decode_num_draft_tokens", "Speculative decoding: draft tokens verified.")
+        self.spec_accepted = c("spec_decode_num_accepted_tokens", "Speculative decoding: draft tokens accepted.")
+        self._spec_per_pos = [
+            Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by draft position.",
+                    ["model_name", "engine", "position"], registry=self.registry),
+            Counter("octavo:spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by draft position.",
+                    ["model_name", "position"], registry=self.registry),
+        ]
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens processed (counted at the first token).")
         self.generation_tokens = c("generation_tokens", "Tokens generated.")
         self.ttft = h("time_to_first_token_seconds", "Time from arrival to the first generated token.")
@@ -110,12 +123,25 @@ class ServerMetrics:
             ("queries", stats.prefix_cache_queries, self.prefix_queries),
             ("hits", stats.prefix_cache_hits, self.prefix_hits),
             ("preemptions", stats.num_preemptions, self.preemptions),
+            ("drafts", stats.spec_num_drafts, self.spec_drafts),
+            ("draft_tokens", stats.spec_num_draft_tokens, self.spec_draft_tokens),
+            ("accepted", stats.spec_num_accepted_tokens, self.spec_accepted),
         ):
             if value > self._last[key]:
                 counter.inc(value - self._last[key])
                 self._last[key] = value
+        self._record_accepted_per_pos(stats.spec_num_accepted_tokens_per_pos)
         q = stats.prefix_cache_queries
         self.prefix_hit_rate.set(stats.prefix_cache_hits / q if q else 0.0)
+
+    def _record_accepted_per_pos(self, per_pos: list[int]) -> None:
+        last = self._last_per_pos
+        last.extend([0] * (len(per_pos) - len(last)))
+        for pos, value in enumerate(per_pos):  # at most num_speculative_tokens positions
+            if value > last[pos]:
+                self._spec_per_pos[0].labels(self.model_name, self.ENGINE, str(pos)).inc(value - last[pos])
+                self._spec_per_pos[1].labels(self.model_name, str(pos)).inc(value - last[pos])
+                last[pos] = value
 
     # -- from per-request bookkeeping in AsyncLLM ------------------------------------------------
     def record_first_token(

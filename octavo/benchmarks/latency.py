@@ -147,7 +147,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     total = args.num_iters_warmup + args.num_iters
     bar = tqdm(total=total * len(backends), desc="latency iterations", disable=args.disable_tqdm,
                dynamic_ncols=True)
+    stats_before = None
     for it in range(total):
+        if it == args.num_iters_warmup and llm is not None:
+            stats_before = llm.llm_engine.get_stats()
         reqs = random_requests(args.batch_size, args.input_len, args.output_len, vocab,
                                seed=args.seed + 1 + it, exclude_ids=special)
         for b in backends:
@@ -161,6 +164,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results[b]["iterations"].append(out)
     bar.close()
 
+    if stats_before is not None:  # acceptance over the counted iterations (all backends' octavo runs)
+        results["octavo"]["summary"].update(rep.spec_decode_summary(stats_before, llm.llm_engine.get_stats()))
     for b in backends:
         res = results[b]
         res["summary"] = {**summarize(res["iterations"]), **res["summary"]}

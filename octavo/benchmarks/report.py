@@ -137,6 +137,30 @@ def engine_facts(llm_engine: Any) -> dict[str, Any]:
     return facts
 
 
+def spec_decode_summary(before: Any, after: Any) -> dict[str, Any]:
+    """Speculative decoding between two ``SchedulerStats`` snapshots (vLLM's spec_decode
+    counters): drafts (verifications), draft and accepted tokens, the acceptance rate, the
+    mean acceptance length (tokens per verifying step: 1 + accepted / drafts) and the
+    acceptance rate of each draft position. Empty when nothing was drafted."""
+    drafts = after.spec_num_drafts - before.spec_num_drafts
+    if drafts <= 0:
+        return {}
+    tokens = after.spec_num_draft_tokens - before.spec_num_draft_tokens
+    accepted = after.spec_num_accepted_tokens - before.spec_num_accepted_tokens
+    old = list(before.spec_num_accepted_tokens_per_pos)
+    per_pos = [v - (old[i] if i < len(old) else 0) for i, v in enumerate(after.spec_num_accepted_tokens_per_pos)]
+    out: dict[str, Any] = {
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": tokens,
+        "spec_decode_num_accepted_tokens": accepted,
+        "spec_decode_acceptance_rate": accepted / tokens if tokens else 0.0,
+        "spec_decode_mean_acceptance_length": 1.0 + accepted / drafts,
+    }
+    for i, v in enumerate(per_pos):
+        out[f"spec_decode_acceptance_rate_pos{i}"] = v / drafts
+    return out
+
+
 def jsonable(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}

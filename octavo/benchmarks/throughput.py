@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             hf_throughput(hf_model, tokenizer, warm, disable_tqdm=True)
         results[b]["warmup_s"] = time.perf_counter() - t0
 
+    stats_before = llm.llm_engine.get_stats() if llm is not None else None
     for r in range(args.repeats):
         reqs = workload(r)
         expected = sum(x.expected_output_len for x in reqs)
@@ -142,6 +143,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 logger.warning("%s produced %d output tokens, expected %d", b, one["output_tokens"], expected)
             results[b]["runs"].append(one)
 
+    if stats_before is not None:  # speculative decoding acceptance over every repeat
+        results["octavo"]["summary"].update(rep.spec_decode_summary(stats_before, llm.llm_engine.get_stats()))
     for b in backends:
         res = results[b]
         med = median_run(res["runs"], "output_tok_per_s")

@@ -33,3 +33,9 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    # Speculative decoding, cumulative since start (vLLM's spec_decode counters): verifying
+    # steps of one request, draft tokens verified, drafts accepted, and accepted per position.
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_num_accepted_tokens_per_pos: list[int] = field(default_factory=list)

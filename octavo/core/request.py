@@ -73,6 +73,9 @@ class Request:
         # Tokens sampled by steps still in flight (async scheduling): scheduled as inputs of the
         # next step before their values are known; 0 whenever no step is in flight.
         self.num_output_placeholders = 0
+        # Speculative decoding: draft tokens proposed to follow all_token_ids, verified by the
+        # next step that schedules this request (then cleared; never part of all_token_ids).
+        self.spec_token_ids: list[int] = []
         # Sampling reads this request's own output tokens (fixed at creation; checked per step).
         self.needs_output_history = sampling_params.needs_output_history
         # Number of prompt tokens served from the prefix cache at the last admission.

@@ -25,6 +25,18 @@ stop token) computes one token too many, which ``update_from_output`` drops. Pre
 finishing clear placeholders. Without async scheduling a placeholder lives from ``schedule``
 to ``update_from_output`` of the same step and changes nothing.
 
+Speculative decoding: a running request whose known tokens are all computed but the last may
+carry draft tokens (``spec_token_ids``, set by the engine's proposer). It is scheduled for
+``1 + k`` tokens (the last known token and ``k`` drafts, fewer drafts when the budget or the
+longest sequence is short) and its KV slots for all of them are allocated; the runner verifies
+the drafts in the same forward and returns the accepted drafts plus one token.
+``update_from_output`` then rolls ``num_computed_tokens`` back by the rejected drafts: their
+KV slots hold garbage that the next step overwrites (the blocks stay with the request, which
+needs them next step; they are freed with it). Only known tokens are ever hashed into the
+prefix cache, so a block is cached only once every token in it is accepted.
+Models whose RoPE depends on the sequence length (a ``kv_key_fn``) are not drafted for: a
+verify chunk could cross the length at which their rotation switches.
+
 Invariants:
 - a request is in exactly one of ``running`` / ``waiting`` until it finishes; ``requests``
   holds exactly the unfinished ones;
@@ -71,6 +83,7 @@ class _StepPlan:
     new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     def schedule(self, req_id: str, n: int, new_block_ids: list[int] | None) -> None:
         self.num_scheduled[req_id] = n
@@ -83,6 +96,7 @@ class _StepPlan:
         if req_id in self.num_scheduled:
             self.budget += self.num_scheduled.pop(req_id)
             self.new_block_ids.pop(req_id, None)
+            self.spec_tokens.pop(req_id, None)
 
 class Scheduler:
     def __init__(
@@ -127,6 +141,7 @@ class Scheduler:
         self._finished_req_ids: set[str] = set()
         self.num_preemptions = 0
         self._arrival_seq = 0
+        self.spec_stats = SpecDecodingCounters()
 
     # -- queue management -----------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -195,6 +210,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_output_placeholders = 0
+        req.spec_token_ids = []
         if count:
             req.num_preemptions += 1
             self.num_preemptions += 1
@@ -252,7 +268,7 @@ class Scheduler:
             self._schedule_waiting(plan)
         out = self._make_output(plan)
         self._finished_req_ids = set()
-        self._advance(plan.num_scheduled)
+        self._advance(plan.num_scheduled, plan.spec_tokens)
         return out
 
     def _schedule_running(self, plan: _StepPlan) -> None:
@@ -274,6 +290,8 @@ class Scheduler:
                 else:
                     i += 1
                 continue
+            drafts = self._drafts(req, plan.budget)
+            n += len(drafts)
             new_blocks = kv.allocate_slots(req, n)
             while new_blocks is None:
                 victim = self._pick_victim()
@@ -286,7 +304,21 @@ class Scheduler:
                     return  # the pass over running stops at a request that preempted itself
                 new_blocks = kv.allocate_slots(req, n)
             plan.schedule(req.request_id, n, [b.block_id for b in new_blocks])
+            if drafts:
+                plan.spec_tokens[req.request_id] = drafts
             i += 1
+
+    def _drafts(self, req: Request, budget: int) -> list[int]:
+        """The drafts ``req`` verifies this step (consumed: cleared on the request): only for a
+        request computing just its last known token, within the budget and the longest
+        sequence (the last draft's position stays below ``max_seq_len``)."""
+        drafts, req.spec_token_ids = req.spec_token_ids, []
+        if not drafts or req.num_computed_tokens + 1 != req.num_tokens + req.num_output_placeholders:
+            return []
+        if self.kv_key_fn is not None:  # length-dependent RoPE: drafts could cross its switch
+            return []
+        room = min(budget - 1, self.max_seq_len - req.num_tokens - req.num_output_placeholders)
+        return drafts[: max(room, 0)]
 
     def _schedule_waiting(self, plan: _StepPlan) -> None:
         """Admit waiting requests head-first: prefix-cache lookup, then a chunk."""
@@ -349,16 +381,19 @@ class Scheduler:
             total_num_scheduled_tokens=sum(plan.num_scheduled.values()),
             finished_req_ids=self._finished_req_ids,
             preempted_req_ids={r.request_id for r in plan.preempted},
+            scheduled_spec_decode_tokens=plan.spec_tokens,
             scheduled_requests={rid: self.requests[rid] for rid in plan.num_scheduled},
         )
 
-    def _advance(self, num_scheduled: dict[str, int]) -> None:
-        """The step's state update: computed counts move on; a step that reaches the end of
-        the known tokens samples the next one (an output placeholder until its value is in)."""
+    def _advance(self, num_scheduled: dict[str, int], spec_tokens: dict[str, list[int]]) -> None:
+        """The step's state update: computed counts move on (drafts included, until the
+        rejected ones are rolled back); a step that reaches the end of the known tokens
+        samples the next one (an output placeholder until its value is in)."""
         for rid, n in num_scheduled.items():
             req = self.requests[rid]
             req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens + req.num_output_placeholders:
+            num_drafts = len(spec_tokens.get(rid, ()))
+            if req.num_computed_tokens - num_drafts == req.num_tokens + req.num_output_placeholders:
                 req.num_output_placeholders += 1
 
     # -- after the model ran --------------------------------------------------------------
@@ -410,6 +445,9 @@ class Scheduler:
                 continue  # the id now names a newer request (the old one ended meanwhile)
             if token_ids and req.num_output_placeholders:
                 req.num_output_placeholders -= 1
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            if drafts:
+                self._roll_back_rejected(req, len(drafts), len(token_ids))
             plp = self._new_prompt_logprobs(req, prompt_lps.get(rid))
             if not token_ids:
                 if plp:
@@ -443,6 +481,12 @@ class Scheduler:
                 self._free_request(req)
         return outputs
 
+    def _roll_back_rejected(self, req: Request, num_drafts: int, num_sampled: int) -> None:
+        """``num_sampled`` = accepted drafts + 1: the rejected drafts' KV is not the request's."""
+        num_accepted = max(num_sampled - 1, 0)
+        req.num_computed_tokens -= num_drafts - num_accepted
+        self.spec_stats.record(num_drafts, num_accepted)
+
     def make_stats(self) -> SchedulerStats:
         """A snapshot for metrics; prefix-cache counters are cumulative, in tokens."""
         kv = self.kv_cache_manager
@@ -453,4 +497,32 @@ class Scheduler:
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            **self.spec_stats.as_stats_fields(),
         )
+
+
+@dataclass
+class SpecDecodingCounters:
+    """Cumulative speculative-decoding counts (vLLM's ``spec_decode`` metrics)."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_drafts:
+            self.accepted_per_pos.extend([0] * (num_drafts - len(self.accepted_per_pos)))
+        for i in range(num_accepted):  # at most k per verified request
+            self.accepted_per_pos[i] += 1
+
+    def as_stats_fields(self) -> dict:
+        return {
+            "spec_num_drafts": self.num_drafts,
+            "spec_num_draft_tokens": self.num_draft_tokens,
+            "spec_num_accepted_tokens": self.num_accepted_tokens,
+            "spec_num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+        }

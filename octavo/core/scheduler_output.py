@@ -46,6 +46,9 @@ class SchedulerOutput:
     # int32 bitmask row each, in that order (bit t % 32 of word t // 32 set = token t allowed).
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: Any = None  # np.ndarray [len(ids), ceil(vocab / 32)] int32 (a list on the wire)
+    # Speculative decoding: the draft tokens each verifying request computes this step, after
+    # its known tokens (``num_scheduled_tokens`` counts them); requests without drafts absent.
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # Engine side only, never serialized (``wire=False``): the Request object each scheduled id
     # named, so a late result is never applied to a newer request that reuses the id.
     scheduled_requests: dict = field(

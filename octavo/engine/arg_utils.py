@@ -37,6 +37,7 @@ from octavo.engine.model_files import (
 )
 from octavo.platforms import current_platform
 from octavo.quantization import checkpoint_method, resolve_quantization
+from octavo.spec_decode.config import parse_speculative_config
 from octavo.utils.extras import require_extra
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,8 @@ class EngineArgs:
     """Structured outputs as JSON: {"backend": "auto"|"xgrammar", "disable_any_whitespace": false, "reasoning_parser": null}."""
     guided_decoding_backend: str | None = None
     """Older name of the structured outputs backend (auto or xgrammar)."""
+    speculative_config: str | dict | None = None
+    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5}. Turns async scheduling off."""
     reasoning_parser: str | None = None
     """Split <think>...</think> into reasoning_content (deepseek_r1 or qwen3); structured outputs apply after it."""
 
@@ -179,6 +182,9 @@ class EngineArgs:
         _check(self.distributed_executor_backend in ("mp", "ray"), "distributed_executor_backend", "mp or ray", self.distributed_executor_backend)
         if self.async_scheduling:
             _check(self.tensor_parallel_size == 1, "async_scheduling", "off with tensor_parallel_size > 1 (multi-process steps are synchronous)", self.async_scheduling)
+            _check(self.speculative_config is None, "async_scheduling",
+                   f"off with {flag('speculative_config')} (drafts are proposed from the previous step's tokens)",
+                   self.async_scheduling)
 
     # -- the builder: one function per seam ------------------------------------------------
     def create_engine_config(self) -> OctavoConfig:
@@ -198,6 +204,7 @@ class EngineArgs:
             ),
             enforce_eager=self.enforce_eager,
             structured_outputs_config=self._structured_outputs_config(),
+            speculative_config=parse_speculative_config(self.speculative_config),
         )
         return current_platform.check_and_update_config(config)
 
@@ -398,7 +405,8 @@ class EngineArgs:
             _check(batched >= max_model_len, "max_num_batched_tokens", f">= max_model_len ({max_model_len}) without chunked prefill", batched)
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
-            async_scheduling = not current_platform.device_is_host() and self.tensor_parallel_size == 1
+            async_scheduling = (not current_platform.device_is_host() and self.tensor_parallel_size == 1
+                                and self.speculative_config is None)
         return SchedulerConfig(
             max_num_batched_tokens=batched,
             max_num_seqs=self.max_num_seqs,

@@ -10,6 +10,12 @@ preparation and output handling overlap the device's work instead of leaving it 
 are not overlapped while a running request samples from its own generated tokens
 (penalties, bad words, a structured-output grammar): those wait for the previous step,
 exactly as without async.
+
+Speculative decoding (``speculative_config``): after each step the proposer drafts tokens for
+every running request that is decoding (``Request.spec_token_ids``); the next step verifies
+them. It runs with synchronous scheduling: the drafts of step N+1 are proposed from step N's
+accepted tokens, which async scheduling would not have yet, so async scheduling is turned off
+(logged) when both are configured.
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ class EngineCore:
         )
         self.structured_outputs = _make_structured_output_manager(config)
         self.async_scheduling = sc.async_scheduling and self.executor.supports_async_scheduling
+        self.proposer = _make_proposer(config)
+        if self.proposer is not None and self.async_scheduling:
+            logger.info("speculative decoding: async scheduling turned off (drafts need the previous step's tokens)")
+            self.async_scheduling = False
         self._inflight: tuple | None = None  # (SchedulerOutput, handle) launched, not resulted
         self.startup_seconds = time.perf_counter() - t0
         mc = config.model_config
@@ -104,7 +114,23 @@ class EngineCore:
             return failed
         so = self._schedule()
         runner_out = self.executor.execute_model(so)
-        return failed + self.scheduler.update_from_output(so, runner_out)
+        outputs = self.scheduler.update_from_output(so, runner_out)
+        if self.proposer is not None:
+            self._propose_drafts()
+        return failed + outputs
+
+    def _propose_drafts(self) -> None:
+        """Draft tokens for every running request that decodes next step (not for grammar-
+        constrained ones: their bitmask covers one position per step)."""
+        sched = self.scheduler
+        for req in sched.running:
+            if req.num_computed_tokens != req.num_tokens - 1 or req.structured_output_request is not None:
+                continue
+            room = sched.max_seq_len - req.num_tokens
+            if req.max_tokens is not None:
+                room = min(room, req.max_tokens - req.num_output_tokens - 1)
+            if room > 0:
+                req.spec_token_ids = self.proposer.propose(req.all_token_ids, room)
 
     def _schedule(self) -> SchedulerOutput:
         """``Scheduler.schedule`` plus the grammar bitmask of the structured requests that sample."""
@@ -142,6 +168,18 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+
+def _make_proposer(config: OctavoConfig):
+    """The draft proposer of ``speculative_config`` (None when speculation is off)."""
+    spec = config.speculative_config
+    if spec is None:
+        return None
+    from octavo.spec_decode.ngram_proposer import NgramProposer
+
+    logger.info("speculative decoding: %s, %d draft tokens, n-gram %d..%d", spec.method,
+                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
+    return NgramProposer(spec)
 
 
 def _make_structured_output_manager(config: OctavoConfig):

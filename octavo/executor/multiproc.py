@@ -19,6 +19,7 @@ from octavo.config import OctavoConfig
 from octavo.engine import serial
 from octavo.executor import messages
 from octavo.executor.abstract import DistributedExecutor, WorkerDiedError
+from octavo.spec_decode.config import speculative_config_dict
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ def engine_args_dict(config: OctavoConfig) -> dict:
         enforce_eager=config.enforce_eager,
         quantization=mc.quantization, prefix_caching_hash_algo=cc.prefix_caching_hash_algo,
         model_impl=mc.model_impl,
+        speculative_config=speculative_config_dict(config.speculative_config),
     )
 
 

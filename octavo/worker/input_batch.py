@@ -148,8 +148,25 @@ class InputBatch:
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
 
-    def output_token_ids(self, row: int) -> np.ndarray:
-        return self.token_ids[row, self.num_prompt_tokens[row] : self.num_tokens[row]]
+    def output_token_ids(self, row: int, num_drafts: int = 0) -> np.ndarray:
+        """Generated tokens of ``row``, followed by its first ``num_drafts`` draft tokens."""
+        return self.token_ids[row, self.num_prompt_tokens[row] : self.num_tokens[row] + num_drafts]
+
+    def write_drafts(self, row: int, drafts: list[int]) -> None:
+        """Speculative decoding: drafts sit right after the known tokens (``num_tokens`` is
+        unchanged), so input preparation and penalties read them like any token."""
+        start = int(self.num_tokens[row])
+        self.token_ids[row, start : start + len(drafts)] = drafts
+
+    def append_token_runs(self, rows: np.ndarray, tokens: np.ndarray, counts: np.ndarray) -> None:
+        """Append ``counts[i]`` tokens (consecutive in ``tokens``) to each of ``rows``."""
+        room = np.maximum(self.max_model_len - self.num_tokens[rows], 0)
+        take = np.minimum(counts, room)
+        starts = np.cumsum(counts) - counts
+        seg = np.repeat(np.arange(len(rows)), take)
+        within = np.arange(int(take.sum())) - np.repeat(np.cumsum(take) - take, take)
+        self.token_ids[rows[seg], self.num_tokens[rows][seg] + within] = tokens[starts[seg] + within]
+        self.num_tokens[rows] += take
 
     def append_tokens(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         """Append one sampled token to each of ``rows`` (vectorised)."""
@@ -160,9 +177,14 @@ class InputBatch:
 
     # -- sampling metadata ----------------------------------------------------------------
     def make_sampling_metadata(
-        self, rows: np.ndarray, vocab_size: int, transfer: DeviceTransfer, num_pending: np.ndarray | None = None
+        self, rows: np.ndarray, vocab_size: int, transfer: DeviceTransfer, num_pending: np.ndarray | None = None,
+        num_drafts: np.ndarray | None = None,
     ) -> SamplingMetadata:
         """Metadata for sampling the next token of ``rows`` (in that order).
+
+        Speculative decoding repeats a verifying request's row once per position; position
+        ``num_drafts[i]`` (0 for the first) samples as if the drafts before it were accepted:
+        they count as output for seeds, ``min_tokens``, penalties and bad words.
 
         ``num_pending[i]`` counts tokens of ``rows[i]`` sampled by a step still in flight (async
         scheduling): they count towards seeds and ``min_tokens``. Penalties and bad words need
@@ -175,6 +197,8 @@ class InputBatch:
         num_out = self.num_tokens[rows] - self.num_prompt_tokens[rows]
         if num_pending is not None:
             num_out = num_out + num_pending
+        drafts = np.zeros(len(rows), dtype=np.int64) if num_drafts is None else num_drafts
+        num_out = num_out + drafts
         nlp = self.num_logprobs[rows]
         return SamplingMetadata(
             temperature=dev(temps),
@@ -185,10 +209,10 @@ class InputBatch:
             min_p=dev(min_p) if (min_p > 0.0).any() else None,
             generators=self._generators(rows, num_out, transfer.device),
             allowed_token_ids_mask=self._allowed_mask(rows, vocab_size, dev),
-            bad_words_mask=self._bad_words_mask(rows, dev),
+            bad_words_mask=self._bad_words_mask(rows, dev, drafts),
             min_tokens_mask=self._min_tokens_mask(rows, num_out, dev),
             logit_bias=self._logit_bias(rows, dev),
-            **self._penalties(rows, vocab_size, dev),
+            **self._penalties(rows, vocab_size, dev, drafts),
             max_num_logprobs=int(nlp.max()) if (nlp >= 0).any() else None,
         )
 
@@ -213,12 +237,15 @@ class InputBatch:
             mask[i, self.allowed_token_ids[rows[i]]] = False
         return dev(mask)
 
-    def _bad_words_mask(self, rows: np.ndarray, dev: ToDevice) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _bad_words_mask(
+        self, rows: np.ndarray, dev: ToDevice, drafts: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Bad words, against each row's generated tokens: (row, token) pairs to forbid."""
         bad = {i: self.bad_words[rows[i]] for i in np.nonzero(self.has_bad_words[rows])[0].tolist()}
         if not bad:
             return None
-        b_rows, b_toks = bad_words_positions(bad, {i: self.output_token_ids(rows[i]) for i in bad})
+        past = {i: self.output_token_ids(rows[i], int(drafts[i])) for i in bad}
+        b_rows, b_toks = bad_words_positions(bad, past)
         if not b_rows:
             return None
         return dev(np.array(b_rows, np.int64)), dev(np.array(b_toks, np.int64))
@@ -249,11 +276,11 @@ class InputBatch:
             dev(np.concatenate([p[1] for p in pairs])),
         )
 
-    def _penalties(self, rows: np.ndarray, vocab_size: int, dev: ToDevice) -> dict[str, torch.Tensor]:
+    def _penalties(self, rows: np.ndarray, vocab_size: int, dev: ToDevice, drafts: np.ndarray) -> dict[str, torch.Tensor]:
         """All five penalty fields, or none: prompt/output tokens padded with ``vocab_size``."""
         if not self.has_penalty[rows].any():
             return {}
-        n_tok = self.num_tokens[rows]
+        n_tok = self.num_tokens[rows] + drafts
         n_prompt = self.num_prompt_tokens[rows]
         width = int(n_tok.max())
         toks = self.token_ids[rows, :width]

@@ -5,6 +5,11 @@ build token ids, positions, slot mapping, query start locations, sequence length
 tables with array ops (no per-token Python); run the model; keep the hidden state of the last
 scheduled token of each request whose known tokens are then all computed (the others are
 mid-prompt chunks and sample nothing); sample.
+
+Speculative decoding: a request verifying ``k`` drafts computes its last known token and the
+drafts (written after its known tokens in the input batch) as one chunk of ``k + 1`` query
+tokens through the same paged attention; all ``k + 1`` positions are sampled and
+``octavo.spec_decode.rejection_sampler`` keeps the accepted prefix plus one token.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from octavo.core.sampler import LogprobsTensors, Sampler, gather_logprobs
 from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
+from octavo.spec_decode.rejection_sampler import DraftLayout, make_layout, verify_one_hot_drafts
 from octavo.worker.input_batch import InputBatch
 from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle, logprob_dicts
 from octavo.worker.transfer import DeviceTransfer
@@ -40,7 +46,10 @@ class StepInputs:
     metadata: CommonAttentionMetadata
     sample_mask: np.ndarray  # [B] bool: the request samples a token this step
     has_pending: np.ndarray  # [B] bool: its last input token is still on the device
-    logits_indices: np.ndarray  # [S] token index of each sampling request's last token
+    # [sum(drafts + 1) over sampling requests] token indices to sample: a request's last token,
+    # preceded by the positions of its drafts' predecessors when it verifies drafts.
+    logits_indices: np.ndarray
+    num_drafts: np.ndarray  # [B] draft tokens each request verifies this step
 
 class ModelRunner:
     def __init__(self, config: OctavoConfig, platform, local_rank: int = 0) -> None:
@@ -185,6 +194,8 @@ class ModelRunner:
             row = batch.row_of[c.req_id]
             batch.append_block_ids(row, c.new_block_ids)
             batch.num_computed[row] = c.num_computed_tokens
+        for rid, drafts in so.scheduled_spec_decode_tokens.items():
+            batch.write_drafts(batch.row_of[rid], drafts)
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         batch = self.input_batch
@@ -206,11 +217,15 @@ class ModelRunner:
         max_blocks = int(-(-seq_lens.max() // bs))
         block_table = batch.block_table[rows, :max_blocks]
         src, has_pending = self._in_flight_inputs(rows, seq_lens)
-        known = batch.num_tokens[rows] + has_pending
+        spec = so.scheduled_spec_decode_tokens
+        num_drafts = np.fromiter((len(spec.get(r, ())) for r in req_ids), dtype=np.int64, count=len(req_ids))
+        known = batch.num_tokens[rows] + has_pending + num_drafts
         if (seq_lens > known).any():
             raise RuntimeError("a step computes tokens that are neither known nor in flight")
         sample_mask = seq_lens == known
-        logits_indices = cu[sample_mask] - 1
+        counts = num_drafts[sample_mask] + 1
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        logits_indices = np.repeat(cu[sample_mask] - counts, counts) + within
         fixup = None
         if has_pending.any():  # (token index in this step, index in the previous step's samples)
             fixup = (cu[has_pending] - 1, src[has_pending])
@@ -226,7 +241,8 @@ class ModelRunner:
         else:
             md, inputs = self._host_inputs(token_ids, positions, slot_mapping, qsl, seq_lens, block_table, int(n.max()))
         self._apply_fixup(inputs[0], fixup)
-        return StepInputs(req_ids, rows, inputs[0], inputs[1], md, sample_mask, has_pending, logits_indices)
+        return StepInputs(req_ids, rows, inputs[0], inputs[1], md, sample_mask, has_pending, logits_indices,
+                          num_drafts)
 
     def _in_flight_inputs(self, rows: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """Requests whose input token this step is the previous (still running) step's sample.
@@ -338,43 +354,62 @@ class ModelRunner:
         return handle
 
     def _sample(self, step: StepInputs, hidden: torch.Tensor, so: SchedulerOutput) -> SampledTokens:
-        """Sample the requests of ``step`` that sample; results are queued to the host."""
+        """Sample the requests of ``step`` that sample (every position of a verifying request),
+        verify drafts; results are queued to the host."""
         logits = self.model.compute_logits(hidden)
         sample_rows = step.rows[step.sample_mask]
+        layout = self._draft_layout(step, so)
+        flat_rows = sample_rows[layout.seg]
         if logits is None:  # tensor-parallel rank != 0: receive rank 0's tokens below
             out = None
-            sampled_t = torch.empty(len(sample_rows), dtype=torch.int64, device=self.device)
+            sampled_t = torch.empty(len(flat_rows), dtype=torch.int64, device=self.device)
         else:
-            num_pending = step.has_pending[step.sample_mask].astype(np.int64)
-            md = self.input_batch.make_sampling_metadata(sample_rows, logits.shape[-1], self.transfer, num_pending)
-            md.token_bitmask = self._token_bitmask(so, step)
+            num_pending = step.has_pending[step.sample_mask].astype(np.int64)[layout.seg]
+            md = self.input_batch.make_sampling_metadata(flat_rows, logits.shape[-1], self.transfer, num_pending,
+                                                         num_drafts=layout.offsets)
+            md.token_bitmask = self._token_bitmask(so, step, layout)
             out = self.sampler(logits, md)
             sampled_t = out.sampled_token_ids
         tp = get_tp()
         if tp.world_size > 1:
             sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
         sampled_t = sampled_t.to(torch.int64)
+        emitted_host = keep = None
+        if layout.has_drafts:
+            dev = self.transfer.to_device
+            emitted, keep = verify_one_hot_drafts(sampled_t, dev(layout.draft_ids), dev(layout.seg), dev(layout.starts))
+            emitted_host = self.transfer.to_host_async(emitted)
         lp_host = num_lp = None
         if out is not None and out.logprobs is not None:
             lp, host = out.logprobs, self.transfer.to_host_async
             lp_host = LogprobsTensors(host(lp.token_ids), host(lp.logprobs), host(lp.sampled_ranks))
-            num_lp = self.input_batch.num_logprobs[sample_rows].copy()
+            num_lp = self.input_batch.num_logprobs[flat_rows].copy()
         sampled_host = self.transfer.to_host_async(sampled_t)
         event = self.platform.new_event()  # None where device work is synchronous
         if event is not None:
             event.record()
         return SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
-                             sampled_host, lp_host, num_lp, event)
+                             sampled_host, lp_host, num_lp, event, emitted_host, layout.starts)
 
-    def _token_bitmask(self, so: SchedulerOutput, step: StepInputs) -> tuple[list[int], torch.Tensor] | None:
-        """The scheduler's grammar bitmask rows laid out as the sampling rows (others all-ones)."""
+    @staticmethod
+    def _draft_layout(step: StepInputs, so: SchedulerOutput) -> DraftLayout:
+        num_drafts = step.num_drafts[step.sample_mask]
+        spec = so.scheduled_spec_decode_tokens
+        drafts = [spec[step.req_ids[p]] for p in np.nonzero(step.sample_mask & (step.num_drafts > 0))[0].tolist()]
+        return make_layout(num_drafts, drafts)
+
+    def _token_bitmask(
+        self, so: SchedulerOutput, step: StepInputs, layout: DraftLayout
+    ) -> tuple[list[int], torch.Tensor] | None:
+        """The scheduler's grammar bitmask rows laid out as the sampling rows (others all-ones;
+        grammar-constrained requests verify no drafts, so each has one position)."""
         if not so.structured_output_request_ids:
             return None
         sample_pos = np.nonzero(step.sample_mask)[0]
-        row_of = {step.req_ids[p]: i for i, p in enumerate(sample_pos.tolist())}
+        row_of = {step.req_ids[p]: int(layout.starts[i]) for i, p in enumerate(sample_pos.tolist())}
         rows = [row_of[r] for r in so.structured_output_request_ids]
         packed = np.asarray(so.grammar_bitmask, dtype=np.int32)  # a list after msgpack (workers)
-        bitmask = np.full((len(sample_pos), packed.shape[1]), -1, dtype=np.int32)
+        bitmask = np.full((len(layout.seg), packed.shape[1]), -1, dtype=np.int32)
         bitmask[rows] = packed
         return rows, self.transfer.to_device(bitmask)
 

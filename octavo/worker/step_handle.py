@@ -62,6 +62,22 @@ class SampledTokens:
     logprobs_host: LogprobsTensors | None
     num_logprobs: np.ndarray | None
     event: Any  # a platform event, None on the CPU
+    # Speculative decoding: tokens each row emits [len(rows)] (accepted drafts + 1); then
+    # ``host`` holds every verified position, row by row, and each row keeps its first ones.
+    # None when no row verified drafts (``host`` has one token per row).
+    num_emitted_host: torch.Tensor | None = None
+    position_starts: np.ndarray | None = None  # [len(rows)] first position of each row in ``host``
+
+    def emitted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens each row emits, flat index of each row's first position, emitted tokens
+        row by row) once the step has completed."""
+        tokens = self.host.numpy()
+        if self.num_emitted_host is None:
+            return np.ones(len(tokens), dtype=np.int64), np.arange(len(tokens)), tokens
+        counts = self.num_emitted_host.numpy().astype(np.int64)
+        starts = self.position_starts
+        idx = np.repeat(starts, counts) + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        return counts, starts, tokens[idx]
 
 
 class StepHandle:
@@ -86,15 +102,18 @@ class StepHandle:
         if s is not None:
             if s.event is not None:
                 s.event.synchronize()
-            tokens = s.host.numpy()
+            counts, starts, flat = s.emitted()
             batch = runner.input_batch
             keep = batch.serial[s.rows] == s.serials  # rows not freed and reused meanwhile
-            batch.append_tokens(s.rows[keep], tokens[keep])
+            batch.append_token_runs(s.rows[keep], flat[np.repeat(keep, counts)], counts[keep])
             pos = self._sample_pos.tolist()
-            for i, t in zip(pos, tokens.tolist(), strict=True):
-                sampled_lists[i] = [t]
+            tokens, ends = flat.tolist(), np.cumsum(counts).tolist()
+            for i, a, b in zip(pos, [0, *ends[:-1]], ends, strict=True):
+                sampled_lists[i] = tokens[a:b]
             if s.logprobs_host is not None:
-                per_row = [None if d is None else [d] for d in logprob_dicts(s.logprobs_host, s.num_logprobs)]
+                dicts = logprob_dicts(s.logprobs_host, s.num_logprobs)
+                per_row = [None if dicts[a] is None else dicts[a : a + c]
+                           for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
                 logprobs_lists = [None] * len(self._req_ids)
                 for i, lp in zip(pos, per_row, strict=True):
                     logprobs_lists[i] = lp

@@ -1,0 +1,36 @@
+"""A real server with --speculative-config: completions work and /metrics reports vLLM's
+spec_decode counters (under octavo: and vllm:) that add up."""
+
+import httpx
+import pytest
+
+from tests.entrypoints.openai.utils import RemoteServer
+from tests.hf_reference import random_prompts
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir):
+    srv = RemoteServer(
+        ["--dtype", "float32", "--max-model-len", "512", "--speculative-config",
+         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'],
+        env={"OCTAVO_DEFAULT_MODEL": llama_dir},
+    )
+    yield srv
+    srv.stop()
+
+
+def test_spec_decode_metrics(server):
+    prompts = [(p * 6)[:30] for p in random_prompts(512, [5, 7, 9], seed=3)]
+    for p in prompts:
+        r = httpx.post(server.url + "/v1/completions", timeout=60,
+                       json={"prompt": p, "max_tokens": 32, "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 32
+    m = server.metrics()
+    drafts, tokens = m["octavo:spec_decode_num_drafts_total"], m["octavo:spec_decode_num_draft_tokens_total"]
+    accepted = m["octavo:spec_decode_num_accepted_tokens_total"]
+    assert 0 < drafts <= tokens <= 3 * drafts
+    assert 0 < accepted <= tokens
+    assert m["octavo:spec_decode_num_accepted_tokens_per_pos_total"] == accepted  # summed over positions
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name=' in text
+    assert "vllm:spec_decode_num_drafts_total" in text
