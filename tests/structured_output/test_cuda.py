@@ -18,16 +18,22 @@ needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
 
 @pytest.mark.cuda
 @needs_gpu
-def test_bitmask_kernel_on_the_device():
-    from octavo.core.sampler import apply_token_bitmask, apply_token_bitmask_reference
+@pytest.mark.parametrize("kernel", ["apply_token_bitmask", "apply_token_bitmask_xgrammar"])
+def test_bitmask_kernel_on_the_device(kernel):
+    from octavo.core import sampler
+    from octavo.core.sampler import apply_token_bitmask_reference
 
     g = torch.Generator().manual_seed(0)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (64, 4096 // 32), dtype=torch.int32, generator=g).cuda()
     logits = torch.randn(64, 4096, generator=g).cuda()
     rows = list(range(0, 64, 3))
     a, b = logits.clone(), logits.clone()
-    apply_token_bitmask(a, rows, bitmask)
+    getattr(sampler, kernel)(a, rows, bitmask)
     apply_token_bitmask_reference(b, rows, bitmask)
+    assert torch.equal(a, b)
+    a, b = logits.clone(), logits.clone()
+    getattr(sampler, kernel)(a, list(range(64)), bitmask)
+    apply_token_bitmask_reference(b, list(range(64)), bitmask)
     assert torch.equal(a, b)
 
 
