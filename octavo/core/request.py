@@ -98,6 +98,9 @@ class Request:
         # (octavo.structured_output.request.StructuredOutputRequest; core only calls
         # is_ready() and accept_tokens() on it).
         self.structured_output_request = None
+        # Paused by its consumer (a client that stopped reading): never scheduled while set;
+        # a running one keeps its blocks unless preempted (paused requests are preempted first).
+        self.paused = False
         max_tokens = sampling_params.max_tokens
         self.max_tokens: int | None = max_tokens
 

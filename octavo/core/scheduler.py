@@ -37,6 +37,10 @@ prefix cache, so a block is cached only once every token in it is accepted.
 Models whose RoPE depends on the sequence length (a ``kv_key_fn``) are not drafted for: a
 verify chunk could cross the length at which their rotation switches.
 
+Paused requests (``pause_requests``: their consumer stopped reading) are skipped in both
+passes, keeping their place and, when running, their blocks; when blocks run out a paused
+request is preempted before any other. ``resume_requests`` makes them schedulable again.
+
 Invariants:
 - a request is in exactly one of ``running`` / ``waiting`` until it finishes; ``requests``
   holds exactly the unfinished ones;
@@ -133,6 +137,7 @@ class Scheduler:
             )
 
         self.requests: dict[str, Request] = {}
+        self.num_paused = 0  # unfinished requests with ``paused`` set
         self.waiting = create_request_queue(policy)
         self.running: list[Request] = []
         # Unfinished children of each n > 1 request, by parent id (only with prefix caching).
@@ -179,6 +184,9 @@ class Scheduler:
             self._free_request(req)
 
     def _free_request(self, req: Request) -> None:
+        if req.paused:
+            req.paused = False
+            self.num_paused -= 1
         self.kv_cache_manager.free(req)
         self._finished_req_ids.add(req.request_id)
         del self.requests[req.request_id]
@@ -191,6 +199,25 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
+    def has_schedulable_requests(self) -> bool:
+        """Some unfinished request is not paused (an engine with none has nothing to step)."""
+        return len(self.requests) > self.num_paused
+
+    def pause_requests(self, request_ids: Iterable[str]) -> None:
+        """Stop scheduling these (unknown or finished ids are ignored)."""
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None and not req.paused:
+                req.paused = True
+                self.num_paused += 1
+
+    def resume_requests(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None and req.paused:
+                req.paused = False
+                self.num_paused -= 1
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.running) + len(self.waiting)
 
@@ -200,6 +227,10 @@ class Scheduler:
 
     # -- one step -------------------------------------------------------------------------
     def _pick_victim(self) -> Request:
+        if self.num_paused:  # its consumer is not reading: its blocks are the cheapest to give up
+            paused = [r for r in self.running if r.paused]
+            if paused:
+                return paused[-1]
         if self.policy == "priority":
             return max(self.running, key=lambda r: (r.priority, r.arrival_time, r.arrival_seq))
         return self.running[-1]
@@ -278,7 +309,7 @@ class Scheduler:
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
             n = self._clip(req.num_tokens + req.num_output_placeholders - req.num_computed_tokens, plan.budget)
-            if n <= 0 or (req.num_output_placeholders and self._at_length_limit(req)):
+            if n <= 0 or req.paused or (req.num_output_placeholders and self._at_length_limit(req)):
                 i += 1
                 continue
             if self._kv_key_changed(req):
@@ -326,7 +357,7 @@ class Scheduler:
         held: list[Request] = []
         while len(self.waiting) > 0 and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting.peek()
-            if self._held_back(req) or self._waiting_for_grammar(req):
+            if req.paused or self._held_back(req) or self._waiting_for_grammar(req):
                 held.append(self.waiting.pop())
                 continue
             self._set_kv_key(req)

@@ -72,7 +72,7 @@ class StatLogger(Protocol):
 
 class _Tracked:
     __slots__ = ("queue", "arrival", "first_token_time", "num_prompt_tokens", "child_last", "scheduled",
-                 "num_generated")
+                 "num_generated", "stall_timer")
 
     def __init__(self, num_prompt_tokens: int, child_ids: list[str], queue: OutputBuffer) -> None:
         self.queue = queue
@@ -82,6 +82,7 @@ class _Tracked:
         self.child_last: dict[str, float | None] = dict.fromkeys(child_ids)
         self.scheduled: float | None = None  # when the engine first scheduled it
         self.num_generated = 0
+        self.stall_timer: asyncio.TimerHandle | None = None  # aborts a paused request at its timeout
 
     def finished_times(self, now: float) -> dict[str, float | None]:
         """Decode and inference time (vLLM's definitions) for ``record_finished``."""
@@ -139,9 +140,11 @@ class AsyncLLM:
         stalled_stream_timeout_s: float = DEFAULT_STALLED_STREAM_TIMEOUT_S,
     ) -> None:
         """``max_unsent_tokens``/``stalled_stream_timeout_s``: backpressure. A request whose
-        consumer leaves more than ``max_unsent_tokens`` generated tokens untaken for longer than
-        ``stalled_stream_timeout_s`` is aborted (its stream raises ``ClientStalledError``);
-        until then its outputs wait merged in one ``OutputBuffer``."""
+        consumer leaves more than ``max_unsent_tokens`` generated tokens untaken is paused in
+        the engine (not scheduled, no new tokens; its blocks kept unless others need them) and
+        resumed when the consumer takes its output; if it stays over the bound for longer than
+        ``stalled_stream_timeout_s`` it is aborted (its stream raises ``ClientStalledError``).
+        Its outputs wait merged in one ``OutputBuffer``."""
         if max_unsent_tokens < 1:
             raise ValueError(f"max_unsent_tokens must be >= 1; got {max_unsent_tokens}")
         if not stalled_stream_timeout_s > 0:
@@ -329,16 +332,9 @@ class AsyncLLM:
                 if tracked is None:
                     continue
                 tracked.queue.put(ro)
-                stalled = tracked.queue.stalled_since
-                if stalled is not None and now - stalled > self.stalled_stream_timeout_s and not ro.finished:
-                    logger.warning("request %s: its client took no output for %.0fs with %d tokens unsent; "
-                                   "aborting it", ro.request_id, now - stalled, tracked.queue.unsent_tokens)
-                    self._fail(ro.request_id, ClientStalledError(
-                        f"the client did not read its stream: more than {self.max_unsent_tokens} tokens were "
-                        f"unsent for {self.stalled_stream_timeout_s:g}s, so the request was aborted"))
-                    if sl is not None:
-                        sl.record_finished("abort", now - tracked.arrival, **tracked.finished_times(now))
-                    continue
+                if tracked.queue.stalled_since is not None and not ro.finished:
+                    if self._check_stalled(ro.request_id, now):
+                        continue
                 if ro.finished:
                     del self.requests[ro.request_id]
                     if sl is not None:
@@ -348,6 +344,43 @@ class AsyncLLM:
             self.last_stats = stats
             if sl is not None:
                 sl.record_scheduler_stats(stats)
+
+    # -- backpressure -----------------------------------------------------------------------
+    def _check_stalled(self, request_id: str, now: float | None = None) -> bool:
+        """For a request whose client left too much output untaken: pause it in the engine
+        (it stops producing tokens; resumed when the client takes its output) and arm a timer;
+        abort it once it has stayed stalled past the timeout. True when it was aborted."""
+        tracked = self.requests.get(request_id)
+        q = tracked.queue if tracked is not None else None
+        if q is None or q.stalled_since is None:
+            return False
+        now = time.monotonic() if now is None else now
+        left = q.stalled_since + self.stalled_stream_timeout_s - now
+        if left < 0:
+            logger.warning("request %s: its client took no output for %.0fs with %d tokens unsent; "
+                           "aborting it", request_id, now - q.stalled_since, q.unsent_tokens)
+            self._fail(request_id, ClientStalledError(
+                f"the client did not read its stream: more than {self.max_unsent_tokens} tokens were "
+                f"unsent for {self.stalled_stream_timeout_s:g}s, so the request was aborted"))
+            if self.stat_logger is not None:
+                self.stat_logger.record_finished("abort", now - tracked.arrival, **tracked.finished_times(now))
+            return True
+        if not q.paused:
+            q.paused = True
+            q.on_resume = lambda: self._resume(request_id)
+            self.client.pause_requests(list(tracked.child_last))
+            tracked.stall_timer = asyncio.get_running_loop().call_later(
+                left + 0.01, self._check_stalled, request_id)
+        return False
+
+    def _resume(self, request_id: str) -> None:
+        tracked = self.requests.get(request_id)
+        if tracked is None:
+            return
+        if tracked.stall_timer is not None:
+            tracked.stall_timer.cancel()
+            tracked.stall_timer = None
+        self.client.resume_requests(list(tracked.child_last))
 
     # -- lifecycle ------------------------------------------------------------------------
     async def shutdown(self, timeout_s: float = 5.0) -> None:

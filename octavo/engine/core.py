@@ -103,8 +103,19 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+    def pause_requests(self, request_ids: list[str]) -> None:
+        """Not scheduled until resumed; a running one keeps its blocks (see ``Scheduler``)."""
+        self.scheduler.pause_requests(request_ids)
+
+    def resume_requests(self, request_ids: list[str]) -> None:
+        self.scheduler.resume_requests(request_ids)
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or self._inflight is not None
+
+    def has_work(self) -> bool:
+        """A step would do something: a step in flight, or a request that is not paused."""
+        return self.scheduler.has_schedulable_requests() or self._inflight is not None
 
     def step(self) -> list[EngineCoreOutput]:
         failed = self._finish_failed_grammars()

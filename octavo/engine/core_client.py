@@ -77,6 +77,17 @@ class EngineCoreClient(ABC):
     @abstractmethod
     def abort_requests(self, request_ids: list[str]) -> None: ...
 
+    def pause_requests(self, request_ids: list[str]) -> None:
+        """Stop scheduling them (their consumer is not reading); they keep their place."""
+        self._control(serial.PAUSE, request_ids)
+
+    def resume_requests(self, request_ids: list[str]) -> None:
+        self._control(serial.RESUME, request_ids)
+
+    @abstractmethod
+    def _control(self, kind: str, request_ids: list[str]) -> None:
+        """Send a PAUSE/RESUME message for ``request_ids`` (nothing when empty)."""
+
     @abstractmethod
     async def shutdown(self, timeout_s: float = 5.0) -> None: ...
 
@@ -229,6 +240,10 @@ class MPClient(EngineCoreClient):
         if request_ids:
             self._send(serial.pack(serial.ABORT, list(request_ids)))
 
+    def _control(self, kind: str, request_ids: list[str]) -> None:
+        if request_ids and not self.is_dead:
+            self._send(serial.pack(kind, list(request_ids)))
+
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closing:
             return
@@ -329,6 +344,10 @@ class InprocClient(EngineCoreClient):
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
             self._inbox.put((serial.ABORT, list(request_ids)))
+
+    def _control(self, kind: str, request_ids: list[str]) -> None:
+        if request_ids:
+            self._inbox.put((kind, list(request_ids)))
 
     async def shutdown(self, timeout_s: float = 5.0) -> None:
         if self._closing:

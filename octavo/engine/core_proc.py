@@ -6,7 +6,8 @@ scheduler-stats snapshot, over and over until the work is done. Stats are also s
 they changed without any output (an abort freed blocks), so the API process always sees the
 idle KV usage once the engine is idle.
 
-Inputs: ``(ADD, Request)``, ``(ABORT, [ids])``, ``(SHUTDOWN, None)``. A request the scheduler
+Inputs: ``(ADD, Request)``, ``(ABORT, [ids])``, ``(PAUSE, [ids])``, ``(RESUME, [ids])``,
+``(SHUTDOWN, None)``. With only paused requests left the loop idles like an empty engine. A request the scheduler
 refuses (``ValueError``, e.g. it can never fit in the KV cache) comes back as an
 ``EngineCoreOutput`` with ``error`` set; the engine keeps running. Any other exception is a
 bug: the process reports ``DEAD`` and exits, and the API process fails in-flight requests.
@@ -67,7 +68,7 @@ class EngineCoreLoop:
         core = self.core
         last_stats: SchedulerStats | None = None
         while True:
-            idle = not core.has_unfinished_requests()
+            idle = not core.has_work()
             msgs = self.recv(IDLE_POLL_S if idle else 0.0)
             if idle and not msgs:
                 if not self.parent_alive():
@@ -87,10 +88,14 @@ class EngineCoreLoop:
                         )
                 elif kind == serial.ABORT:
                     core.abort_requests(list(payload))
+                elif kind == serial.PAUSE:
+                    core.pause_requests(list(payload))
+                elif kind == serial.RESUME:
+                    core.resume_requests(list(payload))
                 else:
                     logger.warning("engine core ignores unknown message %r", kind)
             outputs: list[EngineCoreOutput] = []
-            if core.has_unfinished_requests():
+            if core.has_work():
                 self.step_started = time.monotonic()
                 outputs = core.step()
                 self.steps += 1

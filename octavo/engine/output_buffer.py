@@ -8,7 +8,10 @@ Invariants:
   replace the pending one (each already carries everything);
 - ``unsent_tokens`` counts the generated tokens in the pending output; ``stalled_since`` is
   the time it last went over ``max_unsent_tokens`` (``None`` while at or under it). The owner
-  (``AsyncLLM``) aborts a request that stays stalled for longer than its timeout.
+  (``AsyncLLM``) then pauses the request in the engine (``paused``) and aborts it if it stays
+  stalled for longer than its timeout;
+- taking the pending output clears ``paused`` and calls ``on_resume`` (the owner resumes the
+  request in the engine).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Callable
 
 from octavo.engine.output_processor import OutputKind
 from octavo.outputs import CompletionOutput, RequestOutput
@@ -55,6 +59,8 @@ class OutputBuffer:
         self._ready = asyncio.Event()
         self.unsent_tokens = 0
         self.stalled_since: float | None = None
+        self.paused = False
+        self.on_resume: Callable[[], None] | None = None
 
     def put(self, out: RequestOutput) -> None:
         if self._pending is not None and self.kind == OutputKind.DELTA:
@@ -88,5 +94,9 @@ class OutputBuffer:
             out, self._pending = self._pending, None
             self.unsent_tokens = 0
             self.stalled_since = None
+            if self.paused:
+                self.paused = False
+                if self.on_resume is not None:
+                    self.on_resume()
             return out
         raise self._error

@@ -38,6 +38,8 @@ from octavo.sampling_params import SamplingParams
 
 ADD = "add"
 ABORT = "abort"
+PAUSE = "pause"  # [ids]: stop scheduling them (their consumer is not reading)
+RESUME = "resume"  # [ids]
 SHUTDOWN = "shutdown"
 READY = "ready"
 OUTPUTS = "outputs"

@@ -61,7 +61,8 @@ class GrammarCompilerPool:
                 eos = getattr(tok, "eos_token_id", None)
                 stops = [eos] if eos is not None else self.stop_token_ids
                 info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=self.vocab_size, stop_token_ids=stops or None)
-                self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+                # octavo's LRU of futures is the cache: xgrammar's own defaults to unbounded.
+                self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
 
     def _compile(self, params: StructuredOutputsParams):

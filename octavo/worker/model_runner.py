@@ -23,7 +23,14 @@ import torch
 
 from octavo.attention.backend import CommonAttentionMetadata
 from octavo.config import OctavoConfig
-from octavo.core.sampler import LogprobsTensors, Sampler, gather_logprobs
+from octavo.core.sampler import (
+    BitmaskKernel,
+    LogprobsTensors,
+    Sampler,
+    apply_token_bitmask,
+    apply_token_bitmask_xgrammar,
+    gather_logprobs,
+)
 from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
@@ -73,7 +80,7 @@ class ModelRunner:
         self.input_batch = InputBatch(
             config.scheduler_config.max_num_seqs, self.max_model_len, self.block_size
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(_bitmask_kernel(platform))
         self.load_seconds = 0.0
         # GPU step: persistent device inputs (None on CPU) and captured decode graphs.
         from octavo.worker.cuda_graph import make_step_buffers
@@ -422,3 +429,9 @@ class ModelRunner:
         if not self._unresulted or self._unresulted[0] is not handle:
             raise RuntimeError("steps must be resulted in the order they were launched")
         self._unresulted.pop(0)
+
+
+def _bitmask_kernel(platform) -> BitmaskKernel:
+    """The grammar bitmask op for the sampler: numpy on a host CPU (xgrammar's CPU kernel tests
+    bit by bit, several times slower at decode batch sizes), xgrammar's device kernel elsewhere."""
+    return apply_token_bitmask if platform.device_is_host() else apply_token_bitmask_xgrammar

@@ -335,3 +335,50 @@ def test_output_for_a_request_preempted_while_in_flight_is_dropped():
     assert [o.request_id for o in outs] == ["a"]
     assert s.requests["b"].output_token_ids == [7] and s.requests["b"].num_computed_tokens == 0
     check_scheduler_invariants(s)
+
+
+def test_paused_requests_are_skipped_keep_their_blocks_and_resume():
+    """A paused running request is not scheduled and keeps its blocks; a paused waiting one
+    keeps its place; with only paused requests there is nothing to schedule; resume
+    continues exactly where they were."""
+    sched = make_scheduler(budget=64)
+    a, b = make_request("a", 6, max_tokens=4), make_request("b", 6, max_tokens=4)
+    sched.add_request(a)
+    step(sched)  # a runs (prefill + first token)
+    sched.add_request(b)
+    sched.pause_requests(["a", "b", "unknown"])
+    assert sched.num_paused == 2 and not sched.has_schedulable_requests()
+    held = block_ids(sched, "a")
+    for _ in range(2):
+        so, _ = step(sched)
+        assert so.total_num_scheduled_tokens == 0
+    assert block_ids(sched, "a") == held and a.num_output_tokens == 1
+    assert a in sched.running and b.status == RequestStatus.WAITING
+    sched.resume_requests(["b"])
+    so, _ = step(sched)
+    assert set(so.num_scheduled_tokens) == {"b"}
+    sched.resume_requests(["a"])
+    assert sched.num_paused == 0
+    while sched.has_unfinished_requests():
+        step(sched)
+    assert a.num_output_tokens == 4 and b.num_output_tokens == 4
+    check_scheduler_invariants(sched)
+    assert_all_free(sched)
+
+
+def test_a_paused_request_is_preempted_first_and_an_abort_forgets_it():
+    sched = make_scheduler(num_blocks=6, budget=64)  # 5 usable blocks of 4 tokens
+    a, b = make_request("a", 8, max_tokens=12), make_request("b", 8, max_tokens=12, start_token=500)
+    sched.add_request(a)
+    sched.add_request(b)
+    step(sched)
+    sched.pause_requests(["a"])  # a, admitted first, would never be the fcfs victim
+    while b.status == RequestStatus.RUNNING and not b.is_finished() and a.status == RequestStatus.RUNNING:
+        step(sched)
+    assert a.status == RequestStatus.PREEMPTED and a.paused and block_ids(sched, "a") == []
+    assert b.status == RequestStatus.RUNNING
+    sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)
+    assert sched.num_paused == 0 and sched.has_schedulable_requests()
+    while sched.has_unfinished_requests():
+        step(sched)
+    assert_all_free(sched)

@@ -12,7 +12,11 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from octavo.core.sampler import apply_token_bitmask, apply_token_bitmask_reference
+from octavo.core.sampler import (
+    apply_token_bitmask,
+    apply_token_bitmask_reference,
+    apply_token_bitmask_xgrammar,
+)
 from octavo.sampling_params import StructuredOutputsParams
 from octavo.structured_output.compiler import GrammarCompilerPool
 from octavo.structured_output.grammar import build_grammar, choice_ebnf, grammar_key
@@ -21,20 +25,50 @@ from octavo.structured_output.request import StructuredOutputRequest
 from tests.core.utils import make_request, make_scheduler, step
 
 
+@pytest.mark.parametrize("kernel", [apply_token_bitmask, apply_token_bitmask_xgrammar])
 @pytest.mark.parametrize("vocab", [64, 100, 4096])
-def test_bitmask_kernel_matches_the_reference(vocab):
+def test_bitmask_kernel_matches_the_reference(vocab, kernel):
     g = torch.Generator().manual_seed(vocab)
     words = (vocab + 31) // 32
     bitmask = torch.randint(-(2**31), 2**31 - 1, (5, words), dtype=torch.int32, generator=g)
+    bitmask[0, 0], bitmask[2, -1] = 0, -1  # whole words banned / allowed
     logits = torch.randn(5, vocab, generator=g)
     rows = [4, 0, 2]
     a, b = logits.clone(), logits.clone()
-    apply_token_bitmask(a, rows, bitmask)
+    kernel(a, rows, bitmask)
     apply_token_bitmask_reference(b, rows, bitmask)
     assert torch.equal(a, b)
     assert torch.equal(a[[1, 3]], logits[[1, 3]])  # unconstrained rows untouched
     bits = ((bitmask[4, 0] >> torch.arange(32, dtype=torch.int32)) & 1).bool()[: min(32, vocab)]
     assert torch.equal(torch.isinf(a[4, : len(bits)]), ~bits)
+    # every row constrained (the decode batch): no gather, same result
+    a, b = logits.clone(), logits.clone()
+    kernel(a, [0, 1, 2, 3, 4], bitmask)
+    apply_token_bitmask_reference(b, [0, 1, 2, 3, 4], bitmask)
+    assert torch.equal(a, b)
+    assert torch.isinf(a[0, :32]).all() and not torch.isinf(a[0, 32:]).all()
+
+
+def test_grammar_bits_past_the_vocabulary_are_ignored():
+    """A bitmask wider than the logits (vocab not a multiple of 32) and one narrower: the
+    spare bits change nothing; tokens without bits are banned (the reference's rule)."""
+    logits = torch.zeros(2, 40)
+    wide = torch.full((2, 2), -1, dtype=torch.int32)
+    apply_token_bitmask(logits, [0, 1], wide)
+    assert not torch.isinf(logits).any()
+    narrow = torch.full((2, 1), -1, dtype=torch.int32)
+    apply_token_bitmask(logits, [1], narrow)
+    assert torch.isinf(logits[1, 32:]).all() and not torch.isinf(logits[1, :32]).any()
+    assert not torch.isinf(logits[0]).any()
+
+
+def test_runner_picks_the_torch_kernel_on_the_host():
+    from octavo.platforms.cpu import CpuPlatform
+    from octavo.platforms.cuda import CudaPlatform
+    from octavo.worker.model_runner import _bitmask_kernel
+
+    assert _bitmask_kernel(CpuPlatform) is apply_token_bitmask
+    assert _bitmask_kernel(CudaPlatform) is apply_token_bitmask_xgrammar
 
 
 def test_grammar_keys_and_choice_escaping():

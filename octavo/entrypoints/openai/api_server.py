@@ -97,7 +97,7 @@ def build_app(
     app.state.metrics = metrics
     app.state.pool = pool
     mc = engine.model_config
-    served_openapi(app, mc.vocab_size, mc.max_model_len, completions.max_prompt_chars)
+    served_openapi(app, mc.vocab_size, mc.max_model_len, completions.max_prompt_chars, list(names))
 
     @app.post("/v1/completions", tags=["OpenAI"])
     async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:

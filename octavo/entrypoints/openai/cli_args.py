@@ -42,9 +42,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "after a short grace period (the default lets a restart policy restart the server)")
     parser.add_argument("--max-unsent-tokens", type=int, default=4096,
                         help="backpressure: generated tokens a streaming request may hold unsent while its "
-                             "client does not read")
+                             "client does not read; past that the request is paused (no new tokens) until "
+                             "the client reads")
     parser.add_argument("--stalled-stream-timeout", type=float, default=30.0,
-                        help="seconds a request may stay over --max-unsent-tokens before it is aborted")
+                        help="seconds a request may stay paused over --max-unsent-tokens before it is aborted")
     parser.add_argument("--uvicorn-log-level", default="warning",
                         choices=["critical", "error", "warning", "info", "debug", "trace"],
                         help="uvicorn's own log level (default: %(default)s)")

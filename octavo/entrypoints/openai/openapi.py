@@ -8,6 +8,7 @@ The request models mark the fields whose bounds depend on the served model with
   (``logit_bias`` keys)
 - ``max_tokens``: ``maximum`` = max_model_len - 1 (a prompt has at least one token)
 - ``prompt_text``: ``maxLength`` = max_prompt_chars
+- ``model_name``: ``enum`` = the served model names (any other name is a 404)
 
 Constraints across fields (prompt tokens + max_tokens within the context, min_tokens <=
 max_tokens, best_of = n, a chat template's own rules) cannot be written in JSON Schema; they
@@ -62,7 +63,9 @@ def _fill(node: Any, limits: dict[str, dict[str, Any]]) -> None:
             _fill(v, limits)
 
 
-def served_openapi(app: FastAPI, vocab_size: int, max_model_len: int, max_prompt_chars: int) -> None:
+def served_openapi(
+    app: FastAPI, vocab_size: int, max_model_len: int, max_prompt_chars: int, model_names: list[str]
+) -> None:
     """Replace ``app.openapi`` by one that writes the served model's limits into the schema."""
 
     def openapi() -> dict[str, Any]:
@@ -73,6 +76,7 @@ def served_openapi(app: FastAPI, vocab_size: int, max_model_len: int, max_prompt
                 "token_id_key": {"pattern": below_pattern(vocab_size)},
                 "max_tokens": {"maximum": max(max_model_len - 1, 1)},
                 "prompt_text": {"maxLength": max_prompt_chars},
+                "model_name": {"enum": list(model_names)},
             })
             app.openapi_schema = schema
         return app.openapi_schema

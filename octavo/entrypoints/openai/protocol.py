@@ -93,6 +93,7 @@ Text = Annotated[str, AfterValidator(check_text)]
 PromptText = Annotated[str, Field(min_length=1, json_schema_extra={"x-octavo": "prompt_text"}),
                        AfterValidator(check_text)]
 ShortText = Annotated[str, Field(max_length=MAX_ID_CHARS), AfterValidator(check_text)]
+ModelName = Annotated[ShortText, Field(json_schema_extra={"x-octavo": "model_name"})]  # a served name
 Word = Annotated[str, Field(min_length=1, max_length=MAX_WORD_CHARS), AfterValidator(check_text)]
 JsonDict = Annotated[dict[str, Any], AfterValidator(check_json_text)]
 
@@ -124,7 +125,7 @@ class StreamOptions(OpenAIModel):
 class SamplingFields(OpenAIModel):
     """Fields shared by completions and chat (OpenAI's, then vLLM's extras)."""
 
-    model: ShortText | None = None
+    model: ModelName | None = None
     frequency_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: (
@@ -252,13 +253,13 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeCompletionRequest(OpenAIModel):
-    model: ShortText | None = None
+    model: ModelName | None = None
     prompt: PromptText
     add_special_tokens: bool = True
 
 
 class TokenizeChatRequest(OpenAIModel):
-    model: ShortText | None = None
+    model: ModelName | None = None
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     tools: list[ChatTool] | None = None
     add_generation_prompt: bool = True
@@ -271,7 +272,7 @@ TokenizeRequest = TokenizeCompletionRequest | TokenizeChatRequest
 
 
 class DetokenizeRequest(OpenAIModel):
-    model: ShortText | None = None
+    model: ModelName | None = None
     tokens: list[TokenId]
 
 

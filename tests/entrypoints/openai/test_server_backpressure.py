@@ -1,7 +1,8 @@
 """Backpressure in ``octavo serve``: clients that open a stream and never read it cost a
-bounded amount of API-process memory, their requests are aborted once they have stayed over
-``--max-unsent-tokens`` for ``--stalled-stream-timeout`` seconds (freeing the engine), and the
-memory returns once they leave. RSS is read from /proc.
+bounded amount of API-process memory; their requests are paused once more than
+``--max-unsent-tokens`` are unsent (no new tokens), resumed when the client reads, and aborted
+once they have stayed over the bound for ``--stalled-stream-timeout`` seconds (freeing the
+engine); the memory stops growing. RSS is read from /proc.
 
 The issue's scenario is four such clients for 60 s; this test holds them for
 ``HOLD_S`` (45 s) with a 1 s stall timeout: the first ~15-30 s go to filling the kernel's
@@ -33,12 +34,12 @@ def rss(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def non_reading_stream(port: int) -> socket.socket:
+def non_reading_stream(port: int, n: int = 128, max_tokens: int = 2000) -> socket.socket:
     """A raw connection with a tiny receive buffer that sends a long streaming request and
-    never reads a byte of the answer. Its events (128 samples, 20 logprobs each) outgrow the
+    never reads a byte of the answer. Its events (``n`` samples, 20 logprobs each) outgrow the
     kernel's socket buffers (4 MB), after which the server must hold them."""
-    body = json.dumps({"prompt": "flood", "max_tokens": 2000, "ignore_eos": True, "stream": True,
-                       "n": 128, "logprobs": 20}).encode()
+    body = json.dumps({"prompt": "flood", "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                       "n": n, "logprobs": 20}).encode()
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(("127.0.0.1", port))
@@ -94,5 +95,52 @@ def test_non_reading_clients_are_bounded_aborted_and_memory_returns(llama_dir):
         # the server still serves
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, timeout=60)
         assert r.status_code == 200
+    finally:
+        srv.stop()
+
+
+def _read_until_done(s: socket.socket, deadline_s: float) -> bytes:
+    """The rest of a chunked response, up to its last chunk (``0\r\n\r\n``)."""
+    s.settimeout(deadline_s)
+    data = b""
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+# Minutes long (the kernel's socket buffers fill first): with the other soak test, alone in
+# `nox -s api-contract`.
+@pytest.mark.soak
+def test_a_client_that_stops_reading_pauses_its_request_and_reading_resumes_it(llama_dir):
+    """A raw socket client sends a streaming request and reads nothing: once its unsent output
+    passes --max-unsent-tokens the request stops producing tokens (the engine's token counter
+    stays flat while it is still running, holding its place, not aborted: the timeout is
+    long); when the client reads, the request resumes and finishes normally."""
+    srv = RemoteServer([llama_dir, "--dtype", "float32", "--max-model-len", "2048",
+                        "--max-unsent-tokens", "32", "--stalled-stream-timeout", "600"])
+    try:
+        s = non_reading_stream(srv.port, n=16, max_tokens=1500)
+        deadline = time.monotonic() + 240
+        flat, last = 0, -1.0
+        while flat < 3:  # three samples a second apart without a new token
+            assert time.monotonic() < deadline, "the request never stopped producing tokens"
+            time.sleep(1.0)
+            m = srv.metrics()
+            tokens = m["octavo:generation_tokens_total"]
+            flat = flat + 1 if tokens == last else 0
+            last = tokens
+        assert m["octavo:num_requests_running"] == 16, m  # its 16 samples paused, not aborted
+        assert m.get("octavo:request_success_total|abort", 0) == 0
+        assert tokens < 16 * 1500
+        data = _read_until_done(s, 240)
+        s.close()
+        assert b"data: [DONE]" in data[-64:], data[-300:]
+        m = srv.metrics()
+        assert m["octavo:generation_tokens_total"] == 16 * 1500
+        assert m["octavo:request_success_total|length"] == 1, m
+        assert m["octavo:num_requests_running"] == 0 and m["octavo:kv_cache_usage_perc"] == 0.0
     finally:
         srv.stop()

@@ -132,3 +132,76 @@ def test_auto_tool_choice_needs_the_server_flags(client):
         chat(client, tools=tools)
     r = chat(client, tools=tools, tool_choice={"type": "function", "function": {"name": "f"}}, max_tokens=20)
     assert r.choices[0].message.tool_calls[0].function.name == "f"
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def no_blank_tokens():
+    """logit_bias banning whitespace-only tokens. xgrammar's structural tags always allow free
+    whitespace inside JSON (there is no disable_any_whitespace for them), and the shipped
+    model, trained on Python, pads JSON with newlines and indentation until max_tokens
+    (tests/structured_output/test_whitespace.py shows that is the model, not the mask)."""
+    from transformers import AutoTokenizer
+
+    from octavo.engine.model_files import DEFAULT_MODEL_DIR
+
+    tok = AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
+    return {str(i): -100 for i in range(len(tok)) if tok.decode([i]).strip() == ""}
+
+
+def _tag(begin: str, schema: dict, end: str = "</tool_call>") -> dict:
+    return {"type": "tag", "begin": begin, "content": {"type": "json_schema", "json_schema": schema}, "end": end}
+
+
+def _tag_bodies(text: str, begin: str, end: str) -> list[str]:
+    return [part.split(end, 1)[0] for part in text.split(begin)[1:]]
+
+
+def test_structural_tag_response_format_forces_a_tool_call(client, no_blank_tokens):
+    """xgrammar's structural tag format: one of two tool-call tags, arguments valid for that
+    tool's schema, then the end tag and nothing else; streamed and not."""
+    other = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 12}}, "required": ["q"],
+             "additionalProperties": False}
+    rf = {"type": "structural_tag", "format": {"type": "or", "elements": [
+        _tag('<tool_call>{"name": "weather", "arguments": ', WEATHER, "}</tool_call>"),
+        _tag('<tool_call>{"name": "search", "arguments": ', other, "}</tool_call>"),
+    ]}}
+    kw = {"response_format": rf, "max_tokens": 80, "logit_bias": no_blank_tokens}
+    r = chat(client, temperature=1.0, seed=7, n=4, **kw)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat(client, temperature=0, stream=True, **kw)
+                       if c.choices)
+    for text in [c.message.content for c in r.choices] + [streamed]:
+        m = re.fullmatch(r'<tool_call>\{"name": "(weather|search)", "arguments": (.*)\}</tool_call>', text, re.S)
+        assert m, text
+        jsonschema.validate(json.loads(m[2]), WEATHER if m[1] == "weather" else other)
+    assert all(c.finish_reason == "stop" for c in r.choices)
+
+
+def test_structural_tag_triggers_constrain_only_after_the_trigger(client, no_blank_tokens):
+    """vLLM's original format (structures + triggers): free text until a trigger, then the tag
+    it begins, its schema, its end. The trigger is the start of the model's own greedy text,
+    so the greedy run must meet it and everything after it is the grammar's."""
+    kw = {"model": MODEL, "prompt": "def f(x):", "temperature": 0, "logit_bias": no_blank_tokens}
+    free = client.completions.create(max_tokens=4, **kw)
+    trigger = free.choices[0].text[:2]
+    begin = trigger + "<call>"
+    rf = {"type": "structural_tag", "triggers": [trigger],
+          "structures": [{"begin": begin, "schema": WEATHER, "end": "</call>"}]}
+    r = client.completions.create(max_tokens=60, extra_body={"response_format": rf}, **kw)
+    text = r.choices[0].text
+    assert text.startswith(begin), text
+    body = _tag_bodies(text, begin, "</call>")[0]
+    jsonschema.validate(json.loads(body), WEATHER)
+    assert text.startswith(begin + body + "</call>")
+    # the same constraint through structured_outputs on chat: every tag that opens is valid
+    r = chat(client, temperature=1.0, seed=3, max_tokens=60, logit_bias=no_blank_tokens,
+             extra_body={"structured_outputs": {"structural_tag": rf}})
+    for body in _tag_bodies(r.choices[0].message.content, begin, "</call>")[:-1]:
+        jsonschema.validate(json.loads(body), WEATHER)
