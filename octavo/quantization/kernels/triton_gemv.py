@@ -170,21 +170,8 @@ def _gemv_kernel(
             acc2 += prod
     if not USE_DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
-    if SCALE_MODE == _S_TENSOR:
-        acc = acc * tl.load(ws_ptr)
-    if SCALE_MODE == _S_CHANNEL:
-        acc = acc * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-    if X_SCALED:
-        acc = acc * tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
-    mask = m_ok[:, None] & n_ok[None, :]
-    if WRITE_OUT:  # one K split: this program owns y[offs_m, offs_n]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        o = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-        tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        p = part_ptr + (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
-        tl.store(p, acc, mask=mask)
+    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+              M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, WRITE_OUT)
 
 
 @triton.jit
