@@ -62,24 +62,10 @@ def result(d: dict) -> None:
 
 def copy_bandwidth() -> float:
     """Device-to-device copy bytes (read + written) per second, median of 10 x 4 GiB."""
-    import torch
+    from bench_cuda import copy_bandwidth_s
 
-    n = 4 << 30
-    src = torch.empty(n, dtype=torch.uint8, device=DEVICE).random_(0, 255)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n / statistics.median(times)
+    moved, t = copy_bandwidth_s()
+    return moved / t
 
 
 def graph_seconds(calls, reps: int = 10) -> float:
