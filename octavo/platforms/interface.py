@@ -291,8 +291,9 @@ class Platform:
         return contextlib.nullcontext()
 
     @classmethod
-    def new_event(cls) -> Any | None:
-        """A device event (``record()``, ``synchronize()``), or None where work is synchronous."""
+    def new_event(cls, timing: bool = False) -> Any | None:
+        """A device event (``record()``, ``synchronize()``; with ``timing``, ``elapsed_time(other)``
+        in ms), or None where work is synchronous."""
         return None
 
     # -- graph capture primitives (platforms whose ``graph_capture`` replays device graphs) --

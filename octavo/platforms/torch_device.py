@@ -45,8 +45,8 @@ class TorchDevicePlatform(Platform):
         return True
 
     @classmethod
-    def new_event(cls) -> Any:
-        return cls.torch_module().Event()
+    def new_event(cls, timing: bool = False) -> Any:
+        return cls.torch_module().Event(enable_timing=timing)
 
     @classmethod
     def supports_memory_profiling(cls) -> bool:

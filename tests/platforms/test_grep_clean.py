@@ -13,8 +13,7 @@ OCTAVO = Path(__file__).resolve().parents[2] / "octavo"
 
 # module -> files outside octavo/platforms allowed to use it
 ALLOWED = {
-    "torch.cuda": {"attention/backends/flash_attn.py", "attention/backends/triton_paged.py",
-                   "quantization/kernels/triton_gemv.py"},  # its load-time timing replays CUDA graphs
+    "torch.cuda": {"attention/backends/flash_attn.py", "attention/backends/triton_paged.py"},
     "torch.xpu": {"attention/backends/ipex.py"},
     "torch_xla": {"attention/backends/xla.py", "distributed/communicator.py"},  # TPU collectives
 }

@@ -121,6 +121,19 @@ def _load_w_tile(
 
 
 @triton.jit
+def _program_tile(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's rows, output columns (with their bounds masks), K split and K range;
+    the grid is (N blocks, K splits, M blocks)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_start = pid_k * k_per_split
+    return offs_m, offs_n, offs_m < M, offs_n < N, pid_k, k_start, tl.minimum(K, k_start + k_per_split)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
     M, N, K, k_per_split, p_per_split, stride_xm, stride_wn, stride_sn, stride_om,
@@ -128,15 +141,7 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
+    offs_m, offs_n, m_ok, n_ok, pid_k, k_start, k_end = _program_tile(M, N, K, k_per_split, BLOCK_M, BLOCK_N)
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -186,15 +191,7 @@ def _gemv_rows_kernel(
     read once, as [BLOCK_N, BLOCK_K // VEC, VEC] (VEC elements = one 128-bit load per thread),
     and multiplies all BLOCK_M rows of x; each thread sums its VEC products in-thread into a
     [BLOCK_M, BLOCK_N, BLOCK_K // VEC] fp32 accumulator, reduced once after the loop."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
-    n_ok = offs_n < N
-    k_start = pid_k * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
+    offs_m, offs_n, m_ok, n_ok, pid_k, k_start, k_end = _program_tile(M, N, K, k_per_split, BLOCK_M, BLOCK_N)
     kv = tl.arange(0, BLOCK_K // VEC)[:, None] * VEC + tl.arange(0, VEC)[None, :]  # [KV, VEC]
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None, None] * stride_wn
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None, None] * stride_xm
@@ -402,15 +399,18 @@ def rotation_copies(weight_bytes: int, budget: int = ROTATE_BYTES, cap: int = MA
 def graph_time_ms(calls: list, reps: int = 7, min_ms: float = 0.5) -> float:
     """Median ms per call of ``calls`` run back to back from one captured CUDA graph: each call
     is run once first (compiles, and proves it runs), then the graph is replayed in ``reps``
-    measurements of at least ``min_ms`` each. A call that cannot be captured raises."""
+    measurements of at least ``min_ms`` each. A call that cannot be captured raises. The graph
+    and the timing events come from the current platform (its graph-capture primitives)."""
+    from octavo.platforms import current_platform
+
     for c in calls:
         c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    current_platform.synchronize()
+    graph = current_platform.new_graph()
+    with current_platform.graph_capture_context(graph):
         for c in calls:
             c()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    events = [current_platform.new_event(timing=True) for _ in range(2)]
 
     def measure(times: int) -> float:
         events[0].record()
