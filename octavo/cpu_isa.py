@@ -121,6 +121,13 @@ def _variant_built(variant: str) -> bool:
     return importlib.util.find_spec(f"octavo._C_{variant}") is not None
 
 
+def usable_variants(isa: str | None = None, feats: dict | None = None) -> list[str]:
+    """Kernel module variants this CPU runs and this installation built, best first (only
+    ``isa``'s variants when given)."""
+    isas = (isa,) if isa else ARCH_ISAS.get(machine(), ("scalar",))
+    return [v for i in isas for v in ISA_VARIANTS[i] if variant_runs_here(v, feats) and _variant_built(v)]
+
+
 def isa_of(variant: str) -> str:
     return next(isa for isa, vs in ISA_VARIANTS.items() if variant in vs)
 
@@ -148,10 +155,9 @@ def select_variant(forced: str | None = None) -> tuple[str, str]:
         if not built:
             raise ValueError(f"OCTAVO_CPU_ISA={isa}: octavo was built without the {isa} kernels")
         return built[0], "OCTAVO_CPU_ISA"
-    for isa in ARCH_ISAS.get(machine(), ("scalar",)):
-        for v in ISA_VARIANTS[isa]:
-            if variant_runs_here(v, feats) and _variant_built(v):
-                return v, f"best variant this CPU runs (features from {feats.get('source')})"
+    usable = usable_variants(feats=feats)
+    if usable:
+        return usable[0], f"best variant this CPU runs (features from {feats.get('source')})"
     raise ImportError(
         "octavo's C++ CPU kernels are not built (no octavo._C_* module: the install found no "
         "working C++ compiler, or OCTAVO_SKIP_CPU_EXT=1 was set; reinstall with g++ to build them)"

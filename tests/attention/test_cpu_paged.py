@@ -33,17 +33,7 @@ HEAD_SIZES = [64, 80, 96, 128, 256]
 MIXED = [(0, 7), (33, 1), (17, 20), (0, 1), (63, 1), (64, 1), (5, 70), (200, 1)]
 
 
-def _variants() -> list[str]:
-    """Module variants this CPU runs and this installation has."""
-    out = []
-    for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)):
-        for v in cpu_isa.ISA_VARIANTS[isa]:
-            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v):
-                out.append(v)
-    return out
-
-
-VARIANTS = _variants()
+VARIANTS = cpu_isa.usable_variants()
 
 
 def run_variant(variant, q, k, v, ref_cache, md, scale):

@@ -85,8 +85,7 @@ def test_torch_ref(window, cap):
 def _cpu_variants() -> list[str]:
     if cpu_isa.extension_unavailable_reason() is not None:
         return []
-    return [v for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)) for v in cpu_isa.ISA_VARIANTS[isa]
-            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v)]
+    return cpu_isa.usable_variants()
 
 
 @pytest.mark.parametrize("variant", _cpu_variants())

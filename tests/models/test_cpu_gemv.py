@@ -14,17 +14,7 @@ except ImportError as e:
 from octavo import cpu_isa  # noqa: E402
 from octavo.models import layers  # noqa: E402
 
-
-def _variants() -> list[str]:
-    out = []
-    for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)):
-        for v in cpu_isa.ISA_VARIANTS[isa]:
-            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v):
-                out.append(v)
-    return out
-
-
-VARIANTS = _variants()
+VARIANTS = cpu_isa.usable_variants()
 
 
 def _reference(x, w, b):

@@ -20,17 +20,7 @@ if cpu_isa.extension_unavailable_reason() is not None:
 
 from octavo.quantization.kernels import cpu_int  # noqa: E402
 
-
-def _variants() -> list[str]:
-    out = []
-    for isa in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ("scalar",)):
-        for v in cpu_isa.ISA_VARIANTS[isa]:
-            if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v):
-                out.append(v)
-    return out
-
-
-VARIANTS = _variants()
+VARIANTS = cpu_isa.usable_variants()
 ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 31, 33]
 # (N, K, group): N never a multiple of 32; per-channel rows with odd K (4-bit pads a nibble)
 SHAPES = [(100, 224, 32), (70, 320, 64), (45, 384, 128), (33, 201, None), (161, 576, None)]
@@ -131,7 +121,7 @@ def test_threads_do_not_change_the_result():
 
 @pytest.mark.parametrize("isa", [i for i in ("avx512", "avx2", "scalar") if i in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ())])
 def test_octavo_cpu_isa_picks_the_variant(isa, monkeypatch):
-    runs = [v for v in cpu_isa.ISA_VARIANTS[isa] if cpu_isa.variant_runs_here(v) and cpu_isa._variant_built(v)]
+    runs = cpu_isa.usable_variants(isa)
     if not runs:
         pytest.skip(f"this CPU / build has no {isa} variant")
     monkeypatch.setenv("OCTAVO_CPU_ISA", isa)
