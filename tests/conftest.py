@@ -25,6 +25,36 @@ if _CPU_BY_DEFAULT:
     os.environ["OCTAVO_PLATFORM"] = "cpu"
 
 
+
+def _cpu_slice_for_this_xdist_worker() -> None:
+    """Give each pytest-xdist worker its own slice of the machine's CPUs (at least 2: the TP=2
+    gloo tests run two ranks).
+
+    Every CPU engine pins one compute thread per core it may run on (``OCTAVO_CPU_THREADS_BIND=
+    auto``) and torch sizes its pool to the machine, so N workers on an N-core GPU host would
+    each spread over all N cores: N-fold oversubscription. Slices overlap only when there are
+    fewer than 2 CPUs per worker; on a 2-core machine nothing changes. Worker processes and
+    engine processes a test spawns inherit the mask.
+    """
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not (worker and count and hasattr(os, "sched_setaffinity")):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(2, len(cpus) // int(count))
+    if per >= len(cpus):
+        return
+    start = (int(worker.removeprefix("gw")) * per) % len(cpus)
+    mine = {cpus[(start + i) % len(cpus)] for i in range(per)}
+    os.sched_setaffinity(0, mine)
+    os.environ.setdefault("OMP_NUM_THREADS", str(per))
+    import torch
+
+    torch.set_num_threads(per)
+
+
+_cpu_slice_for_this_xdist_worker()
+
+
 @pytest.fixture(autouse=True)
 def _device_tests_detect_the_platform(request):
     """Device-marked tests resolve the platform from the hardware, as a user's run would."""
