@@ -20,9 +20,12 @@ DEVICE_MARKS = ("cuda", "rocm", "xpu", "tpu")
 # not pick the machine's GPU just because one is there. Set for the whole process, so module-
 # scoped servers and engines (and the worker processes they spawn) resolve CPU too; tests marked
 # for a device lift it (``_device_tests_detect_the_platform``). An explicit OCTAVO_PLATFORM wins.
-_CPU_BY_DEFAULT = "OCTAVO_PLATFORM" not in os.environ
+# The marker variable tells pytest-xdist workers (which inherit the controller's environment,
+# this default included) that OCTAVO_PLATFORM=cpu is the suite's default, not the user's choice.
+_CPU_BY_DEFAULT = "OCTAVO_PLATFORM" not in os.environ or os.environ.get("OCTAVO_TESTS_CPU_BY_DEFAULT") == "1"
 if _CPU_BY_DEFAULT:
     os.environ["OCTAVO_PLATFORM"] = "cpu"
+    os.environ["OCTAVO_TESTS_CPU_BY_DEFAULT"] = "1"
 
 
 

@@ -151,10 +151,17 @@ def _cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dt
 
 
 def _rope_tables(hf_config, head_dim: int, max_position: int, dtype, layer_type: str | None):
-    """(cos, sin, per-length inverse frequencies or None); see ``RotaryEmbedding``."""
-
+    """(cos, sin, per-length inverse frequencies or None), on the device the model is being
+    built on (``torch.device`` context); computed on the CPU, as transformers computes them."""
     device = torch.empty(0).device
-    pos = torch.arange(max_position, dtype=torch.int64, device="cpu")
+    with torch.device("cpu"):
+        cos, sin, by_len = _rope_tables_on_cpu(hf_config, head_dim, max_position, dtype, layer_type)
+    return cos.to(device), sin.to(device), None if by_len is None else by_len.to(device)
+
+
+def _rope_tables_on_cpu(hf_config, head_dim: int, max_position: int, dtype, layer_type: str | None):
+    device = torch.device("cpu")
+    pos = torch.arange(max_position, dtype=torch.int64)
     lr = length_rope(hf_config, max_position) if layer_type is None else None
     inv_freq, scaling = compute_inv_freq(hf_config, head_dim, layer_type)
     cos, sin = _cos_sin(pos, inv_freq, scaling, dtype, device)
@@ -211,7 +218,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", tables[1], persistent=False)
         self.inv_freq_by_len = tables[2]
         self.stride = max_position
-        self.scaling = compute_inv_freq(hf_config, head_dim, layer_type)[1] if tables[2] is not None else 1.0
+        if tables[2] is not None:
+            with torch.device("cpu"):
+                self.scaling = compute_inv_freq(hf_config, head_dim, layer_type)[1]
+        else:
+            self.scaling = 1.0
 
     def _tables(self, positions: torch.Tensor):
         """(cos table, sin table, row of each token)."""

@@ -47,6 +47,17 @@ THRESHOLD_LENGTHS = [1, 20, 50, 63, 64, 65, 100, 150]
 LONG_TOKENS = 30
 
 
+def _needs_a_transformers_reference(arch: str) -> None:
+    """transformers before 5.20 is no reference for Phi-3 past the switch: its ``generate`` drops
+    the cache there but still feeds only the newest token (fixed in 5.20 by resetting
+    ``next_sequence_length``), so its tokens after the switch are wrong."""
+    import transformers
+    from packaging.version import Version
+
+    if arch == "phi3_longrope" and Version(transformers.__version__) < Version("5.20"):
+        pytest.skip(f"transformers {transformers.__version__} < 5.20 mis-generates Phi-3 at the longrope switch")
+
+
 @functools.cache
 def _fresh_hf_greedy_cached(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
     return _fresh_hf_greedy(path, list(prompt), max_new_tokens)
@@ -73,6 +84,7 @@ def test_length_dependent_rope_matches_transformers(arch, num_blocks, checkpoint
     """longrope switches to the long factors, dynamic NTK rescales, once a sequence passes 64
     tokens, as transformers ``generate`` does (Phi-3 recomputing the sequence at the switch);
     with chunked prefill, prefix caching, and preemption by recompute in a small cache."""
+    _needs_a_transformers_reference(arch)
     path = checkpoints[arch]
     llm = LLM(path, dtype="float32", block_size=16, max_num_batched_tokens=40, max_num_seqs=3,
               enable_prefix_caching=True, num_gpu_blocks_override=num_blocks)
@@ -111,6 +123,7 @@ def test_length_dependence_changes_the_reference(arch, checkpoints):
 def test_length_dependent_rope_on_gpu_matches_transformers(arch, enforce_eager, checkpoints, monkeypatch):
     """fp32 on the GPU (Triton RoPE reading rope keys, captured decode graphs, async
     scheduling with the Phi-3 restart waiting for tokens in flight): transformers' tokens."""
+    _needs_a_transformers_reference(arch)
     import torch
 
     from octavo.platforms import reset_current_platform

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 import transformers
 
 from octavo.models.length_rope import LengthRope, context_limit_factor, length_rope
@@ -53,3 +54,25 @@ def test_rules_read_from_configs():
     assert length_rope(dyn, 256) == LengthRope("dynamic", 64, 256, "token")
     assert context_limit_factor(dyn) == 4.0 and context_limit_factor(llama) == 1.0
     assert length_rope(transformers.LlamaConfig(), 4096) is None
+
+
+@pytest.mark.parametrize("rope_type", ["default", "longrope", "dynamic"])
+def test_rope_tables_follow_the_device_the_model_is_built_on(rope_type):
+    """The runner builds models under a ``torch.device`` context (cuda on a GPU): the tables
+    are computed on the CPU whatever the context, then land on that device."""
+    from octavo.models.layers import _ROPE_TABLES, RotaryEmbedding
+
+    rope = {"rope_type": rope_type, "rope_theta": 1e4}
+    if rope_type == "longrope":
+        rope.update(short_factor=[1.0] * 8, long_factor=[2.0] * 8, original_max_position_embeddings=64)
+    if rope_type == "dynamic":
+        rope.update(factor=2.0)
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=128,
+                                   rope_parameters=rope)
+    _ROPE_TABLES.clear()
+    with torch.device("meta"):
+        emb = RotaryEmbedding(cfg, 16, 128, torch.float32)
+    assert emb.cos.device.type == emb.sin.device.type == "meta"
+    if emb.inv_freq_by_len is not None:
+        assert emb.inv_freq_by_len.device.type == "meta"
+    _ROPE_TABLES.clear()
