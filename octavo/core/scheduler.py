@@ -268,21 +268,30 @@ class Scheduler:
             n = min(n, self.long_prefill_token_threshold)
         return min(n, budget)
 
-    def _held_back(self, req: Request) -> bool:
+    def _held_back(self, req: Request, held_groups: dict[str, bool]) -> bool:
         """True while a running sibling of ``req`` has not yet computed the shareable prompt.
 
         The shareable part is the full blocks a prefix-cache lookup can hit (the block with
         the last prompt token is always recomputed), so siblings admitted after it is
-        computed each compute only the partial tail.
+        computed each compute only the partial tail. ``req`` is waiting, so it is never one of
+        the running siblings. ``held_groups`` caches the answer per sibling group for one
+        step (siblings share the prompt, so the shareable length too): each group is scanned
+        once per step, not once per waiting sibling (n = 20000 would be quadratic);
+        ``_schedule_waiting`` updates it as it admits siblings.
         """
-        group = self.siblings.get(req.parent_request_id) if req.parent_request_id else None
+        parent = req.parent_request_id
+        group = self.siblings.get(parent) if parent else None
         if not group or req.sampling_params.prompt_logprobs is not None:
             return False
-        shareable = (req.num_prompt_tokens - 1) // self.block_size * self.block_size
-        return any(
-            s is not req and s.status == RequestStatus.RUNNING and s.num_computed_tokens < shareable
-            for s in group
-        )
+        if parent not in held_groups:
+            shareable = self._shareable(req)
+            held_groups[parent] = any(
+                s.status == RequestStatus.RUNNING and s.num_computed_tokens < shareable for s in group
+            )
+        return held_groups[parent]
+
+    def _shareable(self, req: Request) -> int:
+        return (req.num_prompt_tokens - 1) // self.block_size * self.block_size
 
     @staticmethod
     def _waiting_for_grammar(req: Request) -> bool:
@@ -355,9 +364,10 @@ class Scheduler:
         """Admit waiting requests head-first: prefix-cache lookup, then a chunk."""
         kv = self.kv_cache_manager
         held: list[Request] = []
+        held_groups: dict[str, bool] = {}
         while len(self.waiting) > 0 and plan.budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting.peek()
-            if req.paused or self._held_back(req) or self._waiting_for_grammar(req):
+            if req.paused or self._held_back(req, held_groups) or self._waiting_for_grammar(req):
                 held.append(self.waiting.pop())
                 continue
             self._set_kv_key(req)
@@ -376,6 +386,8 @@ class Scheduler:
                 req.scheduled_time = time.monotonic()
             req.num_computed_tokens = num_hit
             req.num_cached_tokens = num_hit
+            if req.parent_request_id in held_groups and num_hit < self._shareable(req):
+                held_groups[req.parent_request_id] = True
             self.running.append(req)
             plan.admitted.append(req)
             plan.schedule(req.request_id, n, None)
