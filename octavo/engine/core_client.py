@@ -11,12 +11,18 @@
   (``OCTAVO_ENGINE_INPROC=1``, for debugging); objects are passed without encoding.
 
 Both deliver ``(outputs, stats)`` batches through ``get_output()``, which raises
-``EngineDeadError`` once the engine is gone.
+``EngineDeadError`` once the engine is gone. At most ``MAX_PENDING_BATCHES`` decoded batches
+wait for the consumer; past that the reader stops taking messages, the transport's bound
+(``core_proc.OUTPUT_HWM`` for the process, a blocking hand-over for the thread) fills and the
+engine waits. A consumer slower than the engine (many samples with logprobs on a loaded host)
+so slows the engine down instead of piling up decoded steps in this process, whose memory the
+allocator would keep after the pile is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -38,12 +44,13 @@ from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request
 from octavo.engine import serial
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.core_proc import EngineCoreLoop, engine_facts
+from octavo.engine.core_proc import OUTPUT_HWM, EngineCoreLoop, engine_facts
 
 logger = logging.getLogger(__name__)
 
 WATCH_INTERVAL_S = 0.2
 DEFAULT_ENGINE_TIMEOUT_S = 60.0
+MAX_PENDING_BATCHES = 2  # decoded output batches waiting for ``get_output``
 
 OutputBatch = tuple[list[EngineCoreOutput], SchedulerStats | None]
 
@@ -97,7 +104,8 @@ class EngineCoreClient(ABC):
             self.dead_reason = reason
             self.dead_event.set()
             assert self._queue is not None
-            self._queue.put_nowait(EngineDeadError(reason))
+            if not self._queue.full():  # wake a waiting consumer; a full one finds out when it drains
+                self._queue.put_nowait(EngineDeadError(reason))
 
     async def get_output(self) -> OutputBatch:
         """The next batch of outputs; raises ``EngineDeadError`` once the engine is gone."""
@@ -134,7 +142,7 @@ class MPClient(EngineCoreClient):
         import zmq
         import zmq.asyncio
 
-        self._queue = asyncio.Queue()
+        self._queue = asyncio.Queue(MAX_PENDING_BATCHES)
         self._dir = tempfile.mkdtemp(prefix="octavo-")
         in_addr, out_addr = f"ipc://{self._dir}/input", f"ipc://{self._dir}/output"
         self._ctx = zmq.Context()
@@ -145,6 +153,7 @@ class MPClient(EngineCoreClient):
         self.input.bind(in_addr)
         self.output = self._actx.socket(zmq.PULL)
         self.output.setsockopt(zmq.LINGER, 0)
+        self.output.setsockopt(zmq.RCVHWM, OUTPUT_HWM)
         self.output.bind(out_addr)
         cmd = [
             sys.executable, "-m", "octavo.engine.core_proc",
@@ -192,7 +201,7 @@ class MPClient(EngineCoreClient):
                 self._last_heard = time.monotonic()
                 if kind == serial.OUTPUTS:
                     outputs = [serial.decode_output(d) for d in payload["outputs"]]
-                    self._queue.put_nowait((outputs, serial.decode_stats(payload["stats"])))
+                    await self._queue.put((outputs, serial.decode_stats(payload["stats"])))
                 elif kind == serial.HEARTBEAT:
                     step_s = payload.get("step_s")
                     if step_s is not None and step_s > self.engine_timeout_s:
@@ -259,7 +268,9 @@ class MPClient(EngineCoreClient):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout_s
             while proc.poll() is None and loop.time() < deadline:
-                await asyncio.sleep(0.05)
+                # discard its outputs: an engine blocked on a full output socket reads no SHUTDOWN
+                if await self.output.poll(50):
+                    await self.output.recv()
             if proc.poll() is None:
                 logger.warning("engine core did not stop in %.1fs; terminating it", timeout_s)
                 proc.terminate()
@@ -311,16 +322,23 @@ class InprocClient(EngineCoreClient):
     async def start(self) -> None:
         from octavo.engine.core import EngineCore
 
-        self._queue = asyncio.Queue()
+        self._queue = asyncio.Queue(MAX_PENDING_BATCHES)
         aloop = asyncio.get_running_loop()
         core = await asyncio.to_thread(EngineCore, self.config)
         self.engine_info = engine_facts(core)
 
         def deliver(item: Any) -> None:
+            """Blocks the engine thread while ``MAX_PENDING_BATCHES`` wait (until shutdown)."""
             try:
-                aloop.call_soon_threadsafe(self._queue.put_nowait, item)
+                done = asyncio.run_coroutine_threadsafe(self._queue.put(item), aloop)
             except RuntimeError:  # the event loop is closed
-                pass
+                return
+            while not (self._closing or aloop.is_closed()):
+                try:
+                    return done.result(timeout=0.2)
+                except concurrent.futures.TimeoutError:
+                    pass
+            done.cancel()
 
         def run() -> None:
             try:

@@ -12,6 +12,12 @@ refuses (``ValueError``, e.g. it can never fit in the KV cache) comes back as an
 ``EngineCoreOutput`` with ``error`` set; the engine keeps running. Any other exception is a
 bug: the process reports ``DEAD`` and exits, and the API process fails in-flight requests.
 
+Backpressure: the output socket holds at most ``OUTPUT_HWM`` messages on each side (ZeroMQ's
+high-water marks), so when the API process falls behind (detokenizing many samples with
+logprobs on a loaded host) the loop blocks in ``send`` and steps no faster than the API
+process takes its outputs: the backlog stays a few messages, not an unbounded pile of steps
+in either process's memory.
+
 Liveness: a thread of the engine process sends ``(HEARTBEAT, {"steps", "step_s"})`` every
 ``--heartbeat-interval`` seconds: how many steps have completed and for how long the step in
 progress (if any) has been running. The API process declares the engine hung when heartbeats
@@ -44,6 +50,7 @@ from octavo.engine.core import EngineCore
 logger = logging.getLogger(__name__)
 
 IDLE_POLL_S = 1.0  # how often an idle engine checks that its parent is alive
+OUTPUT_HWM = 4  # messages the output socket queues on each side before the engine's send blocks
 
 
 class EngineCoreLoop:
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     in_sock = ctx.socket(zmq.PULL)
     in_sock.connect(args.input_addr)
     out_sock = ctx.socket(zmq.PUSH)
-    out_sock.setsockopt(zmq.SNDHWM, 0)
+    out_sock.setsockopt(zmq.SNDHWM, OUTPUT_HWM)
     out_sock.connect(args.output_addr)
     rc = 0
     try:
