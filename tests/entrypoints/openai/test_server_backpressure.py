@@ -2,13 +2,21 @@
 bounded amount of API-process memory; their requests are paused once more than
 ``--max-unsent-tokens`` are unsent (no new tokens), resumed when the client reads, and aborted
 once they have stayed over the bound for ``--stalled-stream-timeout`` seconds (freeing the
-engine); the memory stops growing. RSS is read from /proc.
+engine); the memory stops growing and is given back when they leave. RSS is read from /proc.
 
-The issue's scenario is four such clients for 60 s; this test holds them for
-``HOLD_S`` (45 s) with a 1 s stall timeout: the first ~15-30 s go to filling the kernel's
-socket buffers (4 MB per connection on Linux loopback, not the server's memory), after which
-the server itself holds the backlog, goes over the bound and aborts; the rest of the hold
-shows the memory flat while the clients stay connected.
+The issue's scenario: four such clients for 60 s (``HOLD_S``), here with a 1 s stall timeout;
+the first ~15-30 s go to filling the kernel's socket buffers (4 MB per connection on Linux
+loopback, not the server's memory), after which the server itself holds the backlog, goes
+over the bound and aborts; the rest of the hold shows the memory flat while the clients stay
+connected. Twice, so that memory that grows with every round (a leak, not the allocator's
+high-water mark) fails the second.
+
+What the API process can hold is bounded by design, however slow it is next to the engine:
+per request the unsent output (``--max-unsent-tokens`` plus the few steps in flight before a
+pause lands), and between the processes a few step batches (the engine waits on a full
+output socket; ``tests/engine/test_core_client.py``). Before that bound the engine ran ahead
+of a loaded API process (one detokenizing 512 samples x 20 logprobs a step) and the decoded
+backlog left +66 to +115 MB of allocator arenas behind after the clients had gone.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ import pytest
 
 from tests.entrypoints.openai.utils import RemoteServer
 
-HOLD_S = 45.0
+HOLD_S = 60.0
+ROUNDS = 2
 MB = 1 << 20
 
 
@@ -48,6 +57,31 @@ def non_reading_stream(port: int, n: int = 128, max_tokens: int = 2000) -> socke
     return s
 
 
+def hold_non_reading_clients(srv: RemoteServer, pid: int, rounds_before: int) -> tuple[int, float]:
+    """Four non-reading clients for ``HOLD_S``; returns the peak RSS and when (seconds into the
+    hold) every request had been aborted. They are disconnected on return."""
+    socks = [non_reading_stream(srv.port) for _ in range(4)]
+    peak, aborted_at, seen_running = rss(pid), None, False
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < HOLD_S:
+        peak = max(peak, rss(pid))
+        m = srv.metrics()
+        busy = m["octavo:num_requests_running"] + m["octavo:num_requests_waiting"]
+        seen_running |= busy > 0
+        if aborted_at is None and seen_running and busy == 0:
+            aborted_at = time.monotonic() - t0
+        time.sleep(0.25)
+    m = srv.metrics()
+    # every request was aborted while its client was still connected, long before 2000 tokens
+    assert aborted_at is not None, m
+    assert m["octavo:kv_cache_usage_perc"] == 0.0
+    assert m["octavo:request_success_total|abort"] == 4 * (rounds_before + 1), m
+    assert m["octavo:generation_tokens_total"] < 4 * (rounds_before + 1) * 128 * 2000
+    for s in socks:
+        s.close()
+    return peak, aborted_at
+
+
 # Timing-dependent (when the stall clock starts depends on how fast the engine fills the socket
 # buffers): it flaked beside other tests under xdist, so it runs alone in `nox -s api-contract`.
 @pytest.mark.soak
@@ -62,39 +96,19 @@ def test_non_reading_clients_are_bounded_aborted_and_memory_returns(llama_dir):
             assert sum(1 for _ in r.iter_lines()) > 10
         time.sleep(1.0)
         start = rss(pid)
-        socks = [non_reading_stream(srv.port) for _ in range(4)]
-        peak = start
-        aborted_at = None
-        seen_running = False
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < HOLD_S:
-            peak = max(peak, rss(pid))
-            m = srv.metrics()
-            busy = m["octavo:num_requests_running"] + m["octavo:num_requests_waiting"]
-            seen_running |= busy > 0
-            if aborted_at is None and seen_running and busy == 0:
-                aborted_at = time.monotonic() - t0
-            time.sleep(0.25)
-        m = srv.metrics()
-        # every request was aborted while its client was still connected, long before 2000 tokens
-        assert aborted_at is not None, m
-        assert m["octavo:kv_cache_usage_perc"] == 0.0
-        assert m["octavo:request_success_total|abort"] == 4, m
-        assert m["octavo:generation_tokens_total"] < 4 * 128 * 2000
-        for s in socks:
-            s.close()
-        time.sleep(2.0)
-        end = rss(pid)
-        assert peak - start < 100 * MB, f"RSS grew {(peak - start) / MB:.1f} MB"
-        # Freed, but not necessarily handed back to the OS (the allocator keeps its arenas): on a
-        # quiet machine this sat at +79 MB, so the check is that nothing more is held after the
-        # clients left, not that RSS returns to the start.
-        assert end <= peak + 8 * MB, f"RSS {(end - peak) / MB:+.1f} MB over the peak after the clients left"
-        print(f"RSS start {start / MB:.1f} MB, peak {peak / MB:.1f} MB, end {end / MB:.1f} MB; "
-              f"aborted after {aborted_at:.1f}s")
-        # the server still serves
-        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, timeout=60)
-        assert r.status_code == 200
+        for rnd in range(ROUNDS):
+            peak, aborted_at = hold_non_reading_clients(srv, pid, rnd)
+            # the server still serves (and has handled the disconnects: one event loop)
+            r = httpx.post(srv.url + "/v1/completions", json={"prompt": "after", "max_tokens": 2}, timeout=60)
+            assert r.status_code == 200
+            time.sleep(2.0)
+            end = rss(pid)
+            print(f"round {rnd}: RSS start {start / MB:.1f} MB, peak {peak / MB:.1f} MB, end {end / MB:.1f} MB; "
+                  f"aborted after {aborted_at:.1f}s")
+            assert peak - start < 100 * MB, f"round {rnd}: RSS grew {(peak - start) / MB:.1f} MB"
+            assert end - start < 50 * MB, (
+                f"round {rnd}: RSS {(end - start) / MB:+.1f} MB over the start after the clients left"
+            )
     finally:
         srv.stop()
 
