@@ -2,8 +2,9 @@
 stops the engine process after a few steps (its output socket is full) instead of letting it
 run on and pile decoded steps up in the API process; taking outputs again resumes it, and a
 shutdown still stops an engine that is blocked on a full socket (it exits by itself, code 0).
+The same for the engine on a thread (``InprocClient``): it blocks handing a batch over.
 
-"Stopped" is read from the engine process's CPU time in /proc (flat while it is blocked),
+"Stopped" is read from the engine process's (thread's) CPU time in /proc (flat while it is blocked),
 so the test waits for a state, not for a wall-clock interval.
 """
 
@@ -15,26 +16,26 @@ from pathlib import Path
 
 from octavo.core.request import Request
 from octavo.engine.arg_utils import EngineArgs
-from octavo.engine.core_client import MAX_PENDING_BATCHES, MPClient
+from octavo.engine.core_client import MAX_PENDING_BATCHES, InprocClient, MPClient
 from octavo.sampling_params import SamplingParams
 
 NUM_REQUESTS = 32
 MAX_TOKENS = 400
 
 
-def cpu_ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_ticks(stat: Path) -> int:
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])  # utime + stime
 
 
-async def wait_cpu_flat(pid: int, quiet_s: float = 1.0, deadline_s: float = 300.0) -> None:
-    """Until the process has used no CPU for ``quiet_s`` (blocked or idle)."""
+async def wait_cpu_flat(stat: Path, quiet_s: float = 1.0, deadline_s: float = 300.0) -> None:
+    """Until the process (or thread) of ``stat`` has used no CPU for ``quiet_s`` (blocked or idle)."""
     deadline = time.monotonic() + deadline_s
-    last, quiet_since = cpu_ticks(pid), time.monotonic()
+    last, quiet_since = cpu_ticks(stat), time.monotonic()
     while time.monotonic() - quiet_since < quiet_s:
-        assert time.monotonic() < deadline, "the engine process never stopped using CPU"
+        assert time.monotonic() < deadline, "the engine never stopped using CPU"
         await asyncio.sleep(0.1)
-        now = cpu_ticks(pid)
+        now = cpu_ticks(stat)
         if now != last:
             last, quiet_since = now, time.monotonic()
 
@@ -61,9 +62,9 @@ def test_a_consumer_that_takes_no_outputs_stops_the_engine(llama_dir):
         client = MPClient(args.create_engine_config(), args)
         await client.start()
         try:
-            pid = client.proc.pid
+            stat = Path(f"/proc/{client.proc.pid}/stat")
             client.add_requests(requests("a"))
-            await wait_cpu_flat(pid)  # blocked on its full output socket, or (unbounded) done
+            await wait_cpu_flat(stat)  # blocked on its full output socket, or (unbounded) done
             assert client._queue.qsize() <= MAX_PENDING_BATCHES
             client.abort_requests([f"a{i}" for i in range(NUM_REQUESTS)])
             got = await drain_until_idle(client)
@@ -75,9 +76,35 @@ def test_a_consumer_that_takes_no_outputs_stops_the_engine(llama_dir):
 
             # blocked again, then shut down: it reads the SHUTDOWN once its outputs are discarded
             client.add_requests(requests("b"))
-            await wait_cpu_flat(pid)
+            await wait_cpu_flat(stat)
             await client.shutdown(timeout_s=60)
             assert client.proc.returncode == 0, "the engine had to be terminated"
+        finally:
+            await client.shutdown(timeout_s=5)
+
+    asyncio.run(main())
+
+
+def test_an_engine_thread_waits_for_its_consumer_too(llama_dir):
+    """``OCTAVO_ENGINE_INPROC``: the engine thread blocks handing over a batch while
+    ``MAX_PENDING_BATCHES`` wait, and a shutdown releases it."""
+
+    async def main() -> None:
+        args = EngineArgs(model=llama_dir, dtype="float32", max_model_len=2048, max_num_seqs=NUM_REQUESTS)
+        client = InprocClient(args.create_engine_config())
+        await client.start()
+        try:
+            stat = Path(f"/proc/self/task/{client._thread.native_id}/stat")
+            client.add_requests(requests("a"))
+            await wait_cpu_flat(stat)
+            client.abort_requests([f"a{i}" for i in range(NUM_REQUESTS)])
+            steps = max((await drain_until_idle(client)).values())
+            assert steps <= MAX_PENDING_BATCHES + 3, f"the engine thread ran {steps} steps ahead"
+
+            client.add_requests(requests("b"))
+            await wait_cpu_flat(stat)
+            await client.shutdown(timeout_s=60)
+            assert not client._thread.is_alive()
         finally:
             await client.shutdown(timeout_s=5)
 
