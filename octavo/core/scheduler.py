@@ -82,14 +82,15 @@ class _StepPlan:
 
     budget: int
     num_scheduled: dict[str, int] = field(default_factory=dict)
-    # Running requests scheduled this step -> their newly allocated block ids (insertion
-    # order = scheduling order); admitted requests are not in it (they go out in full).
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Running requests scheduled this step -> their newly allocated block ids per KV cache
+    # group (insertion order = scheduling order); admitted requests are not in it (they go
+    # out in full).
+    new_block_ids: dict[str, list[list[int]]] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
 
-    def schedule(self, req_id: str, n: int, new_block_ids: list[int] | None) -> None:
+    def schedule(self, req_id: str, n: int, new_block_ids: list[list[int]] | None) -> None:
         self.num_scheduled[req_id] = n
         if new_block_ids is not None:
             self.new_block_ids[req_id] = new_block_ids
@@ -343,7 +344,7 @@ class Scheduler:
                 if victim is req:
                     return  # the pass over running stops at a request that preempted itself
                 new_blocks = kv.allocate_slots(req, n)
-            plan.schedule(req.request_id, n, [b.block_id for b in new_blocks])
+            plan.schedule(req.request_id, n, [[b.block_id for b in blocks] for blocks in new_blocks])
             if drafts:
                 plan.spec_tokens[req.request_id] = drafts
             i += 1

@@ -1,7 +1,9 @@
 """What one scheduling step hands to the model runner.
 
 New requests (first admission, or re-admission after preemption) travel in full; requests
-that were already running travel as deltas (new block ids). ``num_scheduled_tokens`` keeps
+that were already running travel as deltas (new block ids). Block ids come per KV cache group
+(``core/kv_cache_groups.py``): one list for most models, one per attention type for models that
+mix full and sliding-window layers. ``num_scheduled_tokens`` keeps
 the batch order: the runner lays requests out in that order.
 """
 
@@ -20,7 +22,7 @@ class NewRequestData:
     # Output tokens generated before a preemption (empty for a first admission).
     output_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[list[int]]  # per KV cache group
     num_computed_tokens: int
     # The model's EOS id (None if it has none); min_tokens forbids it unless ignore_eos.
     eos_token_id: int | None = None
@@ -29,7 +31,7 @@ class NewRequestData:
 @dataclass
 class CachedRequestData:
     req_id: str
-    new_block_ids: list[int]
+    new_block_ids: list[list[int]]  # per KV cache group
     num_computed_tokens: int
 
 

@@ -25,7 +25,7 @@ def admit(kv: KVCacheManager, req, n: int | None = None):
     new = kv.allocate_slots(req, n, hits, num_hit)
     assert new is not None
     req.num_computed_tokens = num_hit + n
-    return [b.block_id for b in hits], [b.block_id for b in new]
+    return [b.block_id for b in hits[0]], [b.block_id for b in new[0]]
 
 
 def decode(kv: KVCacheManager, req, token: int = 999):
@@ -33,7 +33,7 @@ def decode(kv: KVCacheManager, req, token: int = 999):
     new = kv.allocate_slots(req, req.num_tokens - req.num_computed_tokens)
     req.num_computed_tokens = req.num_tokens
     req.append_output_token_ids(token)
-    return [b.block_id for b in new]
+    return [b.block_id for b in new[0]]
 
 
 def prompt(*parts) -> list[int]:
@@ -48,7 +48,7 @@ def test_miss_then_hit_while_original_holds_blocks():
     r0 = make_request("0", 0, prompt=prompt(range(10)))
     assert admit(kv, r0) == ([], [1, 2, 3])
     # Only the full blocks are hashed; the partial tail is not.
-    blocks = kv.req_to_blocks["0"]
+    blocks = kv.req_to_blocks["0"][0]
     assert blocks[0].block_hash is not None and blocks[1].block_hash is not None
     assert blocks[2].block_hash is None
     assert free_ids(kv) == [4, 5, 6, 7, 8, 9, 10]
@@ -153,7 +153,7 @@ def test_failed_allocation_changes_nothing():
     free_before = free_ids(kv)
     big = make_request("big", 0, prompt=prompt(range(8), range(900, 912)))  # 20 tokens: 5 blocks
     hits, num_hit = kv.get_computed_blocks(big)
-    assert [b.block_id for b in hits] == [1, 2]
+    assert [b.block_id for b in hits[0]] == [1, 2]
     assert kv.allocate_slots(big, big.num_tokens - num_hit, hits, num_hit) is None
     assert [(b.block_id, b.ref_cnt, b.block_hash) for b in kv.block_pool.blocks] == before
     assert free_ids(kv) == free_before
@@ -178,7 +178,7 @@ def test_chunked_prefill_hashes_blocks_as_they_fill():
     assert admit(kv, r, n=5) == ([], [1, 2])  # positions 0..4: block 1 full
     pool = kv.block_pool
     assert pool.blocks[1].block_hash is not None and pool.blocks[2].block_hash is None
-    assert kv.allocate_slots(r, 5) is not None and [b.block_id for b in kv.req_to_blocks["r"]] == [1, 2, 3]
+    assert kv.allocate_slots(r, 5) is not None and [b.block_id for b in kv.req_to_blocks["r"][0]] == [1, 2, 3]
     r.num_computed_tokens = 10
     assert pool.blocks[2].block_hash is not None and pool.blocks[3].block_hash is None
     # A second request sharing the first 10 tokens already hits the two computed blocks.
@@ -197,7 +197,7 @@ def test_last_token_is_always_recomputed():
     assert kv.get_computed_blocks(r1)[1] == 4
     # Prompt logprobs must be computed: no hit at all.
     r2 = make_request("2", 0, prompt=prompt(range(8), [5]), prompt_logprobs=1)
-    assert kv.get_computed_blocks(r2) == ([], 0)
+    assert kv.get_computed_blocks(r2) == ([[]], 0)
 
 
 def test_cache_salt_isolates_tenants():

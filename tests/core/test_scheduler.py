@@ -20,11 +20,11 @@ from tests.core.utils import (
 
 
 def new_ids(so):
-    return {r.req_id: r.block_ids for r in so.scheduled_new_reqs}
+    return {r.req_id: r.block_ids[0] for r in so.scheduled_new_reqs}
 
 
 def cached_ids(so):
-    return {r.req_id: r.new_block_ids for r in so.scheduled_cached_reqs}
+    return {r.req_id: r.new_block_ids[0] for r in so.scheduled_cached_reqs}
 
 
 def test_allocation_table_with_chunked_prefill():

@@ -7,6 +7,10 @@ tokens (EOS sometimes). After every step the invariants of ``check_scheduler_inv
 hold (ref counts == holders, free queue == ref 0, nothing free and held, the hash index points
 only at matching blocks, shared blocks hold the right prefix); at the end everything drains
 and every block is free.
+
+The KV cache runs with one group (full attention, or one sliding window) or with several
+(mixed full/sliding-window models: a full-attention group plus windowed ones, as Gemma 2/3
+have), so the per-group hit search, window freeing and worst-case sizing are driven too.
 """
 
 from hypothesis import HealthCheck, given, settings
@@ -18,6 +22,9 @@ from octavo.core.scheduler import Scheduler
 from octavo.core.scheduler_output import ModelRunnerOutput
 from octavo.sampling_params import SamplingParams
 from tests.core.utils import EOS, assert_all_free, check_scheduler_invariants
+
+# KV cache group windows (None = full attention): one group, or a mixed model's several.
+GROUPS = [(None,), (None,), (5,), (None, 3), (None, 5), (6, None, 6), (None, 3, 8)]
 
 PREFIXES = [[11, 12, 13, 14, 15, 16, 17, 18], [21, 22, 23, 24, 25, 26, 27, 28], [31, 32, 33]]
 
@@ -56,11 +63,13 @@ step_script = st.fixed_dictionaries(
     caching=st.booleans(),
     threshold=st.sampled_from([0, 0, 3]),
     script=st.lists(step_script, min_size=1, max_size=25),
+    groups=st.sampled_from(GROUPS),
 )
 def test_random_workloads_keep_invariants(
-    num_blocks, block_size, budget, max_seqs, policy, caching, threshold, script
+    num_blocks, block_size, budget, max_seqs, policy, caching, threshold, script, groups
 ):
-    kv = KVCacheManager(num_blocks, block_size, enable_caching=caching)
+    kv = KVCacheManager(num_blocks, block_size, enable_caching=caching, group_windows=groups,
+                        max_chunk_tokens=budget)
     s = Scheduler(kv, budget, max_seqs, 64, policy=policy, long_prefill_token_threshold=threshold)
     counter = 0
     clock = 0.0

@@ -49,7 +49,7 @@ def _propose(s: Scheduler, rng: random.Random) -> None:
             req.spec_token_ids = [rng.randint(1, 60) for _ in range(rng.randint(0, 4))]
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=720, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(
     num_blocks=st.integers(4, 14),
     block_size=st.sampled_from([2, 4]),
@@ -60,10 +60,14 @@ def _propose(s: Scheduler, rng: random.Random) -> None:
     seed=st.integers(0, 2**31),
     arrivals=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 10), st.integers(1, 16),
                                 st.sampled_from([1, 1, 2]), st.integers(0, 3)), min_size=1, max_size=40),
+    groups=st.sampled_from([(None,), (None,), (4,), (None, 3), (5, None, 5)]),
 )
-def test_speculative_steps_keep_invariants(num_blocks, block_size, budget, max_seqs, policy, caching, seed, arrivals):
+def test_speculative_steps_keep_invariants(num_blocks, block_size, budget, max_seqs, policy, caching, seed, arrivals,
+                                           groups):
+    """``groups``: KV cache group windows (one group, or a mixed full/sliding-window model's)."""
     rng = random.Random(seed)
-    kv = KVCacheManager(num_blocks, block_size, enable_caching=caching)
+    kv = KVCacheManager(num_blocks, block_size, enable_caching=caching, group_windows=groups,
+                        max_chunk_tokens=budget)
     s = Scheduler(kv, budget, max_seqs, 64, policy=policy)
 
     def one_step():

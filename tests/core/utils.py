@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from octavo.core.block_hash import extend_block_hashes
-from octavo.core.kv_cache_manager import KVCacheManager
+from octavo.core.kv_cache_manager import KVCacheManager, group_key
 from octavo.core.request import Request, RequestStatus
 from octavo.core.scheduler import Scheduler
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
@@ -47,8 +47,8 @@ def step(sched: Scheduler, token: int = 7):
     return so, outs
 
 
-def block_ids(sched: Scheduler, rid: str) -> list[int]:
-    return sched.kv_cache_manager.get_block_ids(rid)
+def block_ids(sched: Scheduler, rid: str, group: int = 0) -> list[int]:
+    return sched.kv_cache_manager.get_block_ids(rid)[group]
 
 
 def free_ids(kv: KVCacheManager) -> list[int]:
@@ -60,11 +60,18 @@ def check_kv_invariants(kv: KVCacheManager, requests: dict[str, Request] | None 
     """The block pool's invariants, plus, given the owners, that shared KV is the right KV."""
     pool = kv.block_pool
     holders: Counter[int] = Counter()
-    for rid, blocks in kv.req_to_blocks.items():
-        ids = [b.block_id for b in blocks]
+    for rid, groups in kv.req_to_blocks.items():
+        assert len(groups) == kv.num_groups
+        ids = [b.block_id for blocks in groups for b in blocks if b is not pool.null_block]
         assert len(set(ids)) == len(ids), f"{rid} holds a block twice: {ids}"
-        assert pool.null_block.block_id not in ids, f"{rid} holds the null block"
         holders.update(ids)
+        lengths = {len(blocks) for blocks in groups}
+        assert len(lengths) == 1, f"{rid}: groups cover different lengths {lengths}"
+        for g, blocks in enumerate(groups):
+            first_real = next((i for i, b in enumerate(blocks) if b is not pool.null_block), len(blocks))
+            assert all(b is not pool.null_block for b in blocks[first_real:]), f"{rid} group {g}: a null block inside"
+            if kv.group_windows[g] is None:
+                assert first_real == 0, f"{rid}: full-attention group {g} lost a block"
     free = free_ids(kv)
     assert len(free) == len(set(free)) == pool.get_num_free_blocks()
     free_set = set(free)
@@ -76,15 +83,29 @@ def check_kv_invariants(kv: KVCacheManager, requests: dict[str, Request] | None 
         assert b.block_hash == h, f"index entry {h} points at {b}"
     if requests is None:
         return
-    for rid, blocks in kv.req_to_blocks.items():
+    for rid, groups in kv.req_to_blocks.items():
         req = requests[rid]
         expected: list = []
         extend_block_hashes(expected, req.all_token_ids, kv.block_size, req.cache_salt, kv.hash_fn)
-        for i, b in enumerate(blocks):
-            if b.block_hash is not None:
-                assert i < len(expected) and b.block_hash == expected[i], (
-                    f"{rid} block {i} ({b}) holds KV of another prefix"
-                )
+        for g, blocks in enumerate(groups):
+            for i, b in enumerate(blocks):
+                if b.block_hash is not None and b is not pool.null_block:
+                    assert i < len(expected) and b.block_hash == group_key(expected[i], g), (
+                        f"{rid} group {g} block {i} ({b}) holds KV of another prefix or group"
+                    )
+
+
+def check_window_holding(kv: KVCacheManager, req: Request) -> None:
+    """A sliding-window group holds at most its window plus one step's chunk (the blocks
+    behind the window are freed at the request's next allocation)."""
+    groups = kv.req_to_blocks.get(req.request_id)
+    if not groups or kv.max_chunk_tokens is None:
+        return
+    for g, window in enumerate(kv.group_windows):
+        if window is not None:
+            bound = (kv.max_chunk_tokens + window + 2 * kv.block_size - 3) // kv.block_size
+            held = kv.num_held_blocks(req.request_id, g)
+            assert held <= bound, f"{req.request_id} group {g} holds {held} blocks > {bound}"
 
 
 def check_scheduler_invariants(sched: Scheduler) -> None:
@@ -97,7 +118,9 @@ def check_scheduler_invariants(sched: Scheduler) -> None:
     assert set(kv.req_to_blocks) <= running, "only running requests hold blocks"
     for r in sched.running:
         assert r.status == RequestStatus.RUNNING
-        assert len(kv.req_to_blocks.get(r.request_id, ())) * kv.block_size >= r.num_computed_tokens
+        for blocks in kv.req_to_blocks.get(r.request_id, ()):
+            assert len(blocks) * kv.block_size >= r.num_computed_tokens
+        check_window_holding(kv, r)
     for r in sched.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         assert r.num_computed_tokens == 0
