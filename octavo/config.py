@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from octavo.core.kv_cache_groups import KVCacheGroupSpec
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -75,8 +77,15 @@ class CacheConfig:
     cpu_kvcache_space_bytes: int | None = None
     # Block hash of the prefix cache (octavo/core/block_hash.py): sha256 or xxhash.
     prefix_caching_hash_algo: str = "sha256"
-    # Set when every layer attends through this window: KV blocks wholly behind it are freed.
-    sliding_window: int | None = None
+    # Which layers share a block list (octavo/core/kv_cache_groups.py): one group per attention
+    # type (full, or a sliding window, whose group frees the blocks behind it). Empty: one
+    # full-attention group of every layer.
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...] = ()
+
+    @property
+    def group_windows(self) -> tuple[int | None, ...]:
+        """The window of each KV cache group (None = full attention)."""
+        return tuple(g.sliding_window for g in self.kv_cache_groups) or (None,)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,17 @@ class CommonAttentionMetadata:
     block_size: int
 
 
+@dataclass
+class KVGroupMetadata:
+    """A step's attention metadata for a model with several KV cache groups
+    (``octavo/core/kv_cache_groups.py``): ``groups[g]`` is the backend's metadata built from
+    group ``g``'s block table and slot mapping (everything else is the same in all of them).
+    Each attention layer reads the entry of its own group; a model with one group gets the
+    backend's metadata itself, never this."""
+
+    groups: list[Any]
+
+
 _COMMON_FIELDS = frozenset(f.name for f in fields(CommonAttentionMetadata))
 
 M = TypeVar("M")

@@ -193,7 +193,7 @@ class EngineArgs:
         model_config = self._model_config()
         config = OctavoConfig(
             model_config=model_config,
-            cache_config=self._cache_config(model_config.hf_config),
+            cache_config=self._cache_config(model_config),
             scheduler_config=self._scheduler_config(model_config.max_model_len),
             device_config=DeviceConfig(device=current_platform.device_type),
             parallel_config=ParallelConfig(
@@ -383,8 +383,14 @@ class EngineArgs:
             )
         return defaults
 
-    def _cache_config(self, hf_config: Any) -> CacheConfig:
-        from octavo.models.sliding_window import kv_sliding_window
+    def _cache_config(self, model_config: ModelConfig) -> CacheConfig:
+        from octavo.core.kv_cache_groups import make_kv_cache_groups
+        from octavo.models.sliding_window import layer_sliding_windows
+
+        windows = layer_sliding_windows(model_config.hf_config)
+        if model_config.model_impl == "onnxruntime" and len(set(windows)) > 1:
+            # One exported graph reads every layer's past through one block table.
+            windows = [None] * len(windows)
 
         return CacheConfig(
             block_size=self.block_size or current_platform.default_block_size,
@@ -393,7 +399,7 @@ class EngineArgs:
             gpu_memory_utilization=self.gpu_memory_utilization,
             kv_cache_dtype=self.kv_cache_dtype,
             prefix_caching_hash_algo=self.prefix_caching_hash_algo,
-            sliding_window=kv_sliding_window(hf_config),
+            kv_cache_groups=make_kv_cache_groups(windows),
         )
 
     def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:

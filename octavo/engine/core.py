@@ -48,7 +48,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             KVCacheManager(
                 num_blocks, cc.block_size, cc.enable_prefix_caching, cc.prefix_caching_hash_algo,
-                sliding_window=cc.sliding_window,
+                group_windows=cc.group_windows, max_chunk_tokens=sc.max_num_batched_tokens,
             ),
             max_num_batched_tokens=sc.max_num_batched_tokens,
             max_num_seqs=sc.max_num_seqs,

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from octavo.attention.backend import AttentionBackend
+from octavo.attention.backend import AttentionBackend, KVGroupMetadata
 from octavo.distributed.layers import (
     MergedColumnParallelLinear,
     ParallelLMHead,
@@ -27,14 +27,21 @@ from octavo.models.sliding_window import layer_sliding_windows
 
 
 class Attention(nn.Module):
-    """Binds one layer's attention kernel to its slice of the KV cache."""
+    """Binds one layer's attention kernel to its slice of the KV cache.
+
+    ``kv_group``: the layer's KV cache group; with several groups the step's metadata is a
+    ``KVGroupMetadata`` and the layer reads its group's block table and slot mapping.
+    """
 
     def __init__(self, impl) -> None:
         super().__init__()
         self.impl = impl
         self.kv_cache: torch.Tensor | None = None
+        self.kv_group = 0
 
     def forward(self, q, k, v, attn_metadata):
+        if attn_metadata.__class__ is KVGroupMetadata:
+            attn_metadata = attn_metadata.groups[self.kv_group]
         return self.impl.forward(q, k, v, self.kv_cache, attn_metadata)
 
 

@@ -28,12 +28,3 @@ def layer_sliding_windows(hf_config) -> list[int | None]:
     if not window or getattr(hf_config, "use_sliding_window", True) is False:
         return [None] * n
     return [int(window)] * n
-
-
-def kv_sliding_window(hf_config) -> int | None:
-    """The window after which KV blocks may be freed: set only when *every* layer is windowed
-    (a block outside every layer's window is never read again); None otherwise."""
-    windows = layer_sliding_windows(hf_config)
-    if not windows or any(w is None for w in windows):
-        return None
-    return max(windows)

@@ -5,6 +5,10 @@ locations, sequence lengths, block table) in device tensors allocated once, each
 host mirror: a step fills the host arrays with numpy and issues one non-blocking copy per
 input, so preparing a step allocates nothing and never waits for the device.
 
+A model with several KV cache groups (mixed full/sliding-window layers) has one slot mapping
+and one block table buffer per group; ``stage`` and ``graph_metadata`` return one metadata
+per group, so captured graphs read every group's table from its own static buffer.
+
 ``GraphRunner`` captures the model's forward for pure-decode batches at padded sizes 1, 2, 4,
 8, then steps of 8 up to ``max_num_seqs`` (capped at ``MAX_CAPTURE_SIZE``), all reading the
 same static buffers. A decode step of ``B`` requests replays the graph of the smallest padded
@@ -16,6 +20,7 @@ API, so the same code serves ``hip_graph``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -44,7 +49,7 @@ class StepBuffers:
 
     def __init__(
         self, max_tokens: int, max_reqs: int, max_blocks_per_req: int, block_size: int,
-        device: torch.device, platform,
+        device: torch.device, platform, num_kv_groups: int = 1,
     ) -> None:
         self.max_tokens = max_tokens
         self.max_reqs = max_reqs
@@ -59,10 +64,13 @@ class StepBuffers:
 
         self.ids_h, self.ids_np, self.ids = pair(max_tokens, torch.int64)
         self.pos_h, self.pos_np, self.pos = pair(max_tokens, torch.int64)
-        self.slot_h, self.slot_np, self.slot = pair(max_tokens, torch.int64)
         self.qsl_h, self.qsl_np, self.qsl = pair(max_reqs + 1, torch.int32)
         self.sl_h, self.sl_np, self.sl = pair(max_reqs, torch.int32)
-        self.bt_h, self.bt_np, self.bt = pair(max_reqs * max_blocks_per_req, torch.int32)
+        # Per KV cache group: slot mapping and block table (group 0's also under the plain names).
+        self.slots = [pair(max_tokens, torch.int64) for _ in range(num_kv_groups)]
+        self.bts = [pair(max_reqs * max_blocks_per_req, torch.int32) for _ in range(num_kv_groups)]
+        self.slot_h, self.slot_np, self.slot = self.slots[0]
+        self.bt_h, self.bt_np, self.bt = self.bts[0]
         self.li_h, self.li_np, self.li = pair(max(max_reqs, max_tokens), torch.int64)
         # Recorded after each step's copies: the host mirrors are rewritten only once the
         # previous copies have left them (normally long done: a step ends with a read-back).
@@ -87,60 +95,55 @@ class StepBuffers:
         self,
         token_ids: np.ndarray,
         positions: np.ndarray,
-        slot_mapping: np.ndarray,
+        slot_mappings: list[np.ndarray],
         qsl: np.ndarray,
         seq_lens: np.ndarray,
-        block_table: np.ndarray,
+        block_tables,
         rows: np.ndarray,
         max_blocks: int,
         max_query_len: int,
         pad_to: int | None = None,
-    ) -> tuple[CommonAttentionMetadata, tuple[torch.Tensor, torch.Tensor]]:
-        """Copy one step's inputs to the device; returns (metadata, (input_ids, positions)).
+    ) -> tuple[list[CommonAttentionMetadata], tuple[torch.Tensor, torch.Tensor]]:
+        """Copy one step's inputs to the device; returns (metadata per KV cache group,
+        (input_ids, positions)).
 
-        ``block_table`` is the persistent per-row table (``InputBatch.block_table``), ``rows``
-        this step's rows in batch order. With ``pad_to`` (a decode step replayed from a graph),
-        rows ``B .. pad_to`` are filled as dummy decodes and the block table is copied at full
-        width, the layout the captured graphs read.
+        ``slot_mappings`` and ``block_tables`` have one entry per group: the step's slots and the
+        persistent per-row table (``InputBatch.block_tables[g]``); ``rows`` are this step's rows
+        in batch order. With ``pad_to`` (a decode step replayed from a graph), rows ``B ..
+        pad_to`` are filled as dummy decodes and the block tables are copied at full width, the
+        layout the captured graphs read.
         """
-        t = len(token_ids)
-        b = len(rows)
-        n = pad_to or t
-        nb = pad_to or b
+        t, b = len(token_ids), len(rows)
+        n, nb = pad_to or t, pad_to or b
+        width = self.width if pad_to else max_blocks
         self._host_free("inputs")
         self.ids_np[:t] = token_ids
         self.pos_np[:t] = positions
-        self.slot_np[:t] = slot_mapping
         self.qsl_np[: b + 1] = qsl
         self.sl_np[:b] = seq_lens
         if pad_to:
             self.ids_np[t:n] = 0
             self.pos_np[t:n] = 0
-            self.slot_np[t:n] = -1
             self.qsl_np[b + 1 : nb + 1] = np.arange(b + 1, nb + 1)
             self.sl_np[b:nb] = 1
-            w = self.width
-            bt = self.bt_np[: nb * w].reshape(nb, w)
-            bt[:b] = block_table[rows, :w]
-            bt[b:] = 0
-            width = w
-        else:
-            width = max_blocks
-            self.bt_np[: b * width].reshape(b, width)[:] = block_table[rows, :width]
-        for dst, src, k in (
-            (self.ids, self.ids_h, n),
-            (self.pos, self.pos_h, n),
-            (self.slot, self.slot_h, n),
-            (self.qsl, self.qsl_h, nb + 1),
-            (self.sl, self.sl_h, nb),
-            (self.bt, self.bt_h, nb * width),
+        copies = [(self.ids, self.ids_h, n), (self.pos, self.pos_h, n), (self.qsl, self.qsl_h, nb + 1),
+                  (self.sl, self.sl_h, nb)]
+        for (slot_h, slot_np, slot), (bt_h, bt_np, bt), sm, table in zip(
+            self.slots, self.bts, slot_mappings, block_tables, strict=True
         ):
+            slot_np[:t] = sm
+            slot_np[t:n] = -1  # padding rows write no KV
+            view = bt_np[: nb * width].reshape(nb, width)
+            view[:b] = table[rows, :width]
+            view[b:] = 0  # padding rows read the null block
+            copies += [(slot, slot_h, n), (bt, bt_h, nb * width)]
+        for dst, src, k in copies:
             self._copy(dst, src, k)
         self._mark_copied("inputs")
         md = CommonAttentionMetadata(
             query_start_loc=self.qsl[: b + 1],
             seq_lens=self.sl[:b],
-            block_table=self.bt[: b * width].view(b, width) if not pad_to else self.bt[: nb * width].view(nb, width)[:b],
+            block_table=self.bt[: nb * width].view(nb, width)[:b],
             slot_mapping=self.slot[:t],
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
@@ -150,7 +153,11 @@ class StepBuffers:
             max_seq_len=int(seq_lens.max()),
             block_size=self.block_size,
         )
-        return md, (self.ids[:t], self.pos[:t])
+        mds = [md] + [
+            dataclasses.replace(md, block_table=bt[: nb * width].view(nb, width)[:b], slot_mapping=slot[:t])
+            for (_, _, slot), (_, _, bt) in zip(self.slots[1:], self.bts[1:], strict=True)
+        ]
+        return mds, (self.ids[:t], self.pos[:t])
 
     def indices(self, idx: np.ndarray) -> torch.Tensor:
         """A device copy of a small index array (the rows to compute logits for)."""
@@ -161,10 +168,11 @@ class StepBuffers:
         self._mark_copied("indices")
         return self.li[:k]
 
-    def graph_metadata(self, size: int, max_seq_len: int) -> CommonAttentionMetadata:
-        """Static metadata of a captured decode graph of ``size`` rows (views of the buffers)."""
+    def graph_metadata(self, size: int, max_seq_len: int) -> list[CommonAttentionMetadata]:
+        """Static metadata of a captured decode graph of ``size`` rows (views of the buffers),
+        one per KV cache group."""
         w = self.width
-        return CommonAttentionMetadata(
+        md = CommonAttentionMetadata(
             query_start_loc=self.qsl[: size + 1],
             seq_lens=self.sl[:size],
             block_table=self.bt[: size * w].view(size, w),
@@ -177,15 +185,20 @@ class StepBuffers:
             max_seq_len=max_seq_len,
             block_size=self.block_size,
         )
+        return [md] + [
+            dataclasses.replace(md, block_table=bt[: size * w].view(size, w), slot_mapping=slot[:size])
+            for (_, _, slot), (_, _, bt) in zip(self.slots[1:], self.bts[1:], strict=True)
+        ]
 
     def fill_dummy_decode(self, size: int) -> None:
         """Make the device buffers a valid decode batch of ``size`` dummy rows (for capture)."""
         self.ids[:size].zero_()
         self.pos[:size].zero_()
-        self.slot[:size].fill_(-1)
         self.qsl[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32, device=self.device))
         self.sl[:size].fill_(1)
-        self.bt[: size * self.width].zero_()
+        for (_, _, slot), (_, _, bt) in zip(self.slots, self.bts, strict=True):
+            slot[:size].fill_(-1)
+            bt[: size * self.width].zero_()
 
 
 def graph_mode(runner) -> tuple[str, str]:
@@ -233,7 +246,7 @@ class GraphRunner:
         pool = platform.graph_pool_handle()
         for size in sorted(self.sizes, reverse=True):  # largest first: the rest reuse its pool
             buf.fill_dummy_decode(size)
-            md = runner.attn_backend.build_metadata(buf.graph_metadata(size, runner.max_model_len))
+            md = runner.build_attn_metadata(buf.graph_metadata(size, runner.max_model_len))
             ids, pos = buf.ids[:size], buf.pos[:size]
             for _ in range(2):  # warm up: Triton compiles, cuBLAS picks its kernels
                 model(ids, pos, md)
@@ -281,5 +294,5 @@ def make_step_buffers(runner) -> StepBuffers | None:
     max_tokens = max(sc.max_num_batched_tokens, max_reqs)
     return StepBuffers(
         max_tokens, max_reqs, runner.input_batch.max_blocks_per_req, runner.block_size,
-        runner.device, runner.platform,
+        runner.device, runner.platform, runner.num_kv_groups,
     )

@@ -4,7 +4,8 @@ A request occupies one row from admission until it finishes or is preempted. Per
 deltas arrive (new block ids); token ids sampled by the runner are appended here directly, so
 input preparation is pure array indexing with no per-token Python loop.
 Invariant: ``token_ids[row, :num_tokens[row]]`` are the request's prompt + output tokens and
-``block_table[row, :num_blocks[row]]`` its blocks in position order.
+``block_tables[g, row, :num_blocks[g, row]]`` its blocks of KV cache group ``g`` in position
+order (``block_table`` is group 0's; most models have only that one).
 
 Sampling parameters are unpacked into per-row arrays once, at admission, so building a step's
 ``SamplingMetadata`` is slicing by row (plus short per-request loops only for the rows that
@@ -28,7 +29,7 @@ ToDevice = Callable[[np.ndarray], torch.Tensor]
 
 
 class InputBatch:
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int, num_kv_groups: int = 1) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -37,8 +38,11 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, self.max_blocks_per_req), dtype=np.int32)
-        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_kv_groups = num_kv_groups
+        self.block_tables = np.zeros((num_kv_groups, max_num_reqs, self.max_blocks_per_req), dtype=np.int32)
+        self.num_blocks_per_group = np.zeros((num_kv_groups, max_num_reqs), dtype=np.int64)
+        self.block_table = self.block_tables[0]  # views of group 0
+        self.num_blocks = self.num_blocks_per_group[0]
         self.params: list[SamplingParams | None] = [None] * max_num_reqs
         self.req_ids: list[str | None] = [None] * max_num_reqs
         self.row_of: dict[str, int] = {}
@@ -88,7 +92,7 @@ class InputBatch:
         self.num_tokens[row] = len(toks)
         self.num_prompt_tokens[row] = len(new.prompt_token_ids)
         self.num_computed[row] = new.num_computed_tokens
-        self.num_blocks[row] = 0
+        self.num_blocks_per_group[:, row] = 0
         self.append_block_ids(row, new.block_ids)
         self.params[row] = new.sampling_params
         self._set_sampling_params(row, new.sampling_params, new.eos_token_id)
@@ -141,12 +145,15 @@ class InputBatch:
         self.has_allowed[row] = self.has_bias[row] = self.has_bad_words[row] = False
         self._free_rows.append(row)
 
-    def append_block_ids(self, row: int, block_ids: list[int]) -> None:
-        if not block_ids:
-            return
-        start = self.num_blocks[row]
-        self.block_table[row, start : start + len(block_ids)] = block_ids
-        self.num_blocks[row] = start + len(block_ids)
+    def append_block_ids(self, row: int, block_ids: list[list[int]]) -> None:
+        """Append new blocks of each KV cache group (one list per group)."""
+        if len(block_ids) != self.num_kv_groups:
+            raise ValueError(f"got block ids for {len(block_ids)} KV cache groups, expected {self.num_kv_groups}")
+        for g, ids in enumerate(block_ids):
+            if ids:
+                start = self.num_blocks_per_group[g, row]
+                self.block_tables[g, row, start : start + len(ids)] = ids
+                self.num_blocks_per_group[g, row] = start + len(ids)
 
     def output_token_ids(self, row: int, num_drafts: int = 0) -> np.ndarray:
         """Generated tokens of ``row``, followed by its first ``num_drafts`` draft tokens."""

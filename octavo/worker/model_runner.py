@@ -10,10 +10,16 @@ Speculative decoding: a request verifying ``k`` drafts computes its last known t
 drafts (written after its known tokens in the input batch) as one chunk of ``k + 1`` query
 tokens through the same paged attention; all ``k + 1`` positions are sampled and
 ``octavo.spec_decode.rejection_sampler`` keeps the accepted prefix plus one token.
+
+KV cache groups (``octavo/core/kv_cache_groups.py``): a model that mixes full and sliding-window
+layers gets one block table and slot mapping per group; each attention layer reads its group's
+(``KVGroupMetadata``) and its group slot's KV tensor. A model with one group runs exactly the
+single-table path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -21,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from octavo.attention.backend import CommonAttentionMetadata
+from octavo.attention.backend import CommonAttentionMetadata, KVGroupMetadata
 from octavo.config import OctavoConfig
 from octavo.core.sampler import (
     BitmaskKernel,
@@ -50,7 +56,8 @@ class StepInputs:
     rows: np.ndarray  # [B] input-batch row of each request
     input_ids: torch.Tensor  # [T] on the device
     positions: torch.Tensor  # [T] on the device
-    metadata: CommonAttentionMetadata
+    metadata: CommonAttentionMetadata  # of KV cache group 0
+    group_metadata: list[CommonAttentionMetadata]  # one per KV cache group (metadata first)
     sample_mask: np.ndarray  # [B] bool: the request samples a token this step
     has_pending: np.ndarray  # [B] bool: its last input token is still on the device
     # [sum(drafts + 1) over sampling requests] token indices to sample: a request's last token,
@@ -77,8 +84,10 @@ class ModelRunner:
         self.quant_kernels = None  # octavo.quantization.linear.KernelChoice when quantized
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
+        self.kv_cache_groups = config.cache_config.kv_cache_groups
+        self.num_kv_groups = len(config.cache_config.group_windows)
         self.input_batch = InputBatch(
-            config.scheduler_config.max_num_seqs, self.max_model_len, self.block_size
+            config.scheduler_config.max_num_seqs, self.max_model_len, self.block_size, self.num_kv_groups
         )
         self.sampler = Sampler(_bitmask_kernel(platform))
         self.load_seconds = 0.0
@@ -149,7 +158,21 @@ class ModelRunner:
     def kv_bytes_per_block(self) -> int:
         mc = self.config.model_config
         shape = self.attn_backend.get_kv_cache_shape(1, self.block_size, self.num_kv_heads_local, mc.head_size)
-        return int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size() * mc.num_layers
+        return int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size() * self.num_kv_tensors
+
+    @property
+    def num_kv_tensors(self) -> int:
+        """KV tensors: one per layer, or one per group slot when layers form several groups."""
+        from octavo.core.kv_cache_groups import num_kv_tensors
+
+        return num_kv_tensors(self.kv_cache_groups) if self.kv_cache_groups else self.config.model_config.num_layers
+
+    def build_attn_metadata(self, group_metadata: list[CommonAttentionMetadata]):
+        """The backend's metadata of a step: one object, or one per KV cache group."""
+        build = self.attn_backend.build_metadata
+        if len(group_metadata) == 1:
+            return build(group_metadata[0])
+        return KVGroupMetadata([build(md) for md in group_metadata])
 
     def determine_num_blocks(self) -> int:
         cc = self.config.cache_config
@@ -164,7 +187,7 @@ class ModelRunner:
         num = budget // self.kv_bytes_per_block()
         # More blocks than every sequence at full length (x4 for the prefix cache) buy nothing.
         sc = self.config.scheduler_config
-        useful = 4 * sc.max_num_seqs * self.input_batch.max_blocks_per_req + 1
+        useful = 4 * sc.max_num_seqs * self.input_batch.max_blocks_per_req * self.num_kv_groups + 1
         return int(min(num, useful))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -181,13 +204,25 @@ class ModelRunner:
         # mapping wrote (positions < seq_len, inside any sliding window). Device memory is
         # zeroed (a fast memset): padded graph rows there read the null block.
         alloc = torch.empty if self.platform.device_is_host() else torch.zeros
-        self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device) for _ in range(mc.num_layers)]
-        for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
-            layer.kv_cache = cache
+        self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_kv_tensors)]
+        self._bind_kv_caches()
         self.num_blocks = num_blocks
         from octavo.worker.cuda_graph import maybe_capture
 
         self.graph_runner = maybe_capture(self)
+
+    def _bind_kv_caches(self) -> None:
+        """Give each attention layer its KV tensor (and, with several groups, its group)."""
+        layers = self.model.attention_layers()
+        if not self.kv_cache_groups or len(self.kv_cache_groups) == 1:
+            for layer, cache in zip(layers, self.kv_caches, strict=True):
+                layer.kv_cache = cache
+            return
+        from octavo.core.kv_cache_groups import layer_slots
+
+        for layer, (group, slot) in zip(layers, layer_slots(self.kv_cache_groups, len(layers)), strict=True):
+            layer.kv_cache = self.kv_caches[slot]
+            layer.kv_group = group
 
     # -- one step -------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
@@ -219,10 +254,10 @@ class ModelRunner:
         token_rows = rows[req_idx]
         token_ids = batch.token_ids[token_rows, positions]
         bs = self.block_size
-        slot_mapping = batch.block_table[token_rows, positions // bs].astype(np.int64) * bs + positions % bs
+        block_idx, offset = positions // bs, positions % bs
+        slot_mappings = [t[token_rows, block_idx].astype(np.int64) * bs + offset for t in batch.block_tables]
         seq_lens = computed + n
         max_blocks = int(-(-seq_lens.max() // bs))
-        block_table = batch.block_table[rows, :max_blocks]
         src, has_pending = self._in_flight_inputs(rows, seq_lens)
         spec = so.scheduled_spec_decode_tokens
         num_drafts = np.fromiter((len(spec.get(r, ())) for r in req_ids), dtype=np.int64, count=len(req_ids))
@@ -241,15 +276,16 @@ class ModelRunner:
             positions = self.length_rope.keys(positions, batch.num_prompt_tokens[token_rows], known[req_idx])
         if self.step_buffers is not None:  # accelerator: pinned staging into persistent buffers
             pad = self.graph_runner.padded_size(len(rows), total, int(n.max())) if self.graph_runner else None
-            md, inputs = self.step_buffers.stage(
-                token_ids, positions, slot_mapping, qsl, seq_lens, batch.block_table, rows,
+            mds, inputs = self.step_buffers.stage(
+                token_ids, positions, slot_mappings, qsl, seq_lens, batch.block_tables, rows,
                 max_blocks, int(n.max()), pad_to=pad,
             )
         else:
-            md, inputs = self._host_inputs(token_ids, positions, slot_mapping, qsl, seq_lens, block_table, int(n.max()))
+            tables = [t[rows, :max_blocks] for t in batch.block_tables]
+            mds, inputs = self._host_inputs(token_ids, positions, slot_mappings, qsl, seq_lens, tables, int(n.max()))
         self._apply_fixup(inputs[0], fixup)
-        return StepInputs(req_ids, rows, inputs[0], inputs[1], md, sample_mask, has_pending, logits_indices,
-                          num_drafts)
+        return StepInputs(req_ids, rows, inputs[0], inputs[1], mds[0], mds, sample_mask, has_pending,
+                          logits_indices, num_drafts)
 
     def _in_flight_inputs(self, rows: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
         """Requests whose input token this step is the previous (still running) step's sample.
@@ -269,14 +305,15 @@ class ModelRunner:
         same_occupancy = serial_of_row[rows] == batch.serial[rows]
         return src, (src >= 0) & same_occupancy & (seq_lens > batch.num_tokens[rows])
 
-    def _host_inputs(self, token_ids, positions, slot_mapping, qsl, seq_lens, block_table, max_query_len):
-        """Inputs as tensors straight from the numpy arrays (the CPU path: zero-copy)."""
+    def _host_inputs(self, token_ids, positions, slot_mappings, qsl, seq_lens, block_tables, max_query_len):
+        """Inputs as tensors straight from the numpy arrays (the CPU path: zero-copy); one
+        metadata per KV cache group, sharing everything but the block table and slots."""
         dev = self.transfer.to_device
         md = CommonAttentionMetadata(
             query_start_loc=dev(qsl.astype(np.int32)),
             seq_lens=dev(seq_lens.astype(np.int32)),
-            block_table=dev(block_table),
-            slot_mapping=dev(slot_mapping),
+            block_table=dev(block_tables[0]),
+            slot_mapping=dev(slot_mappings[0]),
             query_start_loc_cpu=qsl,
             seq_lens_cpu=seq_lens,
             num_reqs=len(seq_lens),
@@ -285,7 +322,11 @@ class ModelRunner:
             max_seq_len=int(seq_lens.max()),
             block_size=self.block_size,
         )
-        return md, (dev(token_ids), dev(positions))
+        mds = [md] + [
+            dataclasses.replace(md, block_table=dev(bt), slot_mapping=dev(sm))
+            for bt, sm in zip(block_tables[1:], slot_mappings[1:], strict=True)
+        ]
+        return mds, (dev(token_ids), dev(positions))
 
     def _apply_fixup(self, input_ids: torch.Tensor, fixup: tuple[np.ndarray, np.ndarray] | None) -> None:
         """Write the previous step's sampled tokens, still on the device, into ``input_ids``."""
@@ -344,7 +385,7 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ReadyStep(ModelRunnerOutput([], []))
         step = self._prepare_inputs(so)
-        attn_md = self.attn_backend.build_metadata(step.metadata)
+        attn_md = self.build_attn_metadata(step.group_metadata)
         idx = None
         if len(step.logits_indices):  # staged before the forward: its copy never waits on it
             if self.step_buffers is not None:

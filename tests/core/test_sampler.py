@@ -229,7 +229,7 @@ def test_bad_words_positions_use_the_generated_history():
 
 # -- metadata built from the runner's persistent batch ----------------------------------
 def add(batch, rid, prompt, outputs=(), eos=0, **params):
-    batch.add_request(NewRequestData(rid, list(prompt), list(outputs), SamplingParams(**params), [1], 0, eos))
+    batch.add_request(NewRequestData(rid, list(prompt), list(outputs), SamplingParams(**params), [[1]], 0, eos))
     row = batch.row_of[rid]
     return row
 
@@ -243,7 +243,7 @@ def test_metadata_from_input_batch_drives_the_pipeline():
                 repetition_penalty=2.0, logit_bias={7: 1.0}, allowed_token_ids=[0, 3, 4, 6, 7])
     sp = SamplingParams(temperature=0, bad_words=["x"])
     sp._bad_words_token_ids = [[8], [6, 2]]
-    batch.add_request(NewRequestData("bad", [1], [6], sp, [1], 0, 0))
+    batch.add_request(NewRequestData("bad", [1], [6], sp, [[1]], 0, 0))
     r_bad = batch.row_of["bad"]
     rows = np.array([r_min, r_ign, r_pen, r_bad])
     md = batch.make_sampling_metadata(rows, v, CPU_TRANSFER)

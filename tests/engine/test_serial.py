@@ -70,8 +70,8 @@ def test_scheduler_and_runner_outputs_roundtrip_without_engine_side_fields():
     params = SamplingParams(temperature=0.5, seed=3, logprobs=1)
     req = Request("a", [1, 2, 3], params, eos_token_id=0)
     so = SchedulerOutput(
-        scheduled_new_reqs=[NewRequestData("a", [1, 2, 3], [], params, [4, 5], 0, eos_token_id=0)],
-        scheduled_cached_reqs=[CachedRequestData("b", [7], 12)],
+        scheduled_new_reqs=[NewRequestData("a", [1, 2, 3], [], params, [[4, 5]], 0, eos_token_id=0)],
+        scheduled_cached_reqs=[CachedRequestData("b", [[7]], 12)],
         num_scheduled_tokens={"a": 3, "b": 1},
         total_num_scheduled_tokens=4,
         finished_req_ids={"c"},

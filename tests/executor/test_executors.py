@@ -25,10 +25,10 @@ def _run_steps(executor, n_steps=4):
     executor.initialize_kv_cache(16)
     params = SamplingParams(temperature=0, max_tokens=n_steps)
     out = executor.execute_model(SchedulerOutput(
-        [NewRequestData("r", [5, 6, 7, 8, 9], [], params, [1], 0)], [], {"r": 5}, 5))
+        [NewRequestData("r", [5, 6, 7, 8, 9], [], params, [[1]], 0)], [], {"r": 5}, 5))
     tokens = [out.sampled_token_ids[0][0]]
     for i in range(1, n_steps):
-        so = SchedulerOutput([], [CachedRequestData("r", [], 4 + i)], {"r": 1}, 1)
+        so = SchedulerOutput([], [CachedRequestData("r", [[]], 4 + i)], {"r": 1}, 1)
         tokens.append(executor.execute_model(so).sampled_token_ids[0][0])
     return tokens
 

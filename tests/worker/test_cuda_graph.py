@@ -34,7 +34,7 @@ def test_stage_eager_layout():
     ids, pos = np.array([4, 5, 6, 7]), np.array([32, 33, 34, 20])
     slots = np.array([48, 49, 50, 148])
     qsl, sl = np.array([0, 3, 4]), np.array([35, 21])
-    md, (t_ids, t_pos) = buf.stage(ids, pos, slots, qsl, sl, bt, rows, 3, 3)
+    [md], (t_ids, t_pos) = buf.stage(ids, pos, [slots], qsl, sl, [bt], rows, 3, 3)
     assert t_ids.tolist() == ids.tolist() and t_pos.tolist() == pos.tolist()
     assert md.slot_mapping.tolist() == slots.tolist()
     assert md.query_start_loc.tolist() == [0, 3, 4]
@@ -48,9 +48,9 @@ def test_stage_padded_decode_layout():
     buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), CpuPlatform)
     bt = _batch()
     rows = np.array([2, 0, 1])
-    md, (t_ids, _) = buf.stage(
-        np.array([1, 2, 3]), np.array([3, 20, 40]), np.array([179, 148, 56]),
-        np.array([0, 1, 2, 3]), np.array([4, 21, 41]), bt, rows, 3, 1, pad_to=4,
+    [md], (t_ids, _) = buf.stage(
+        np.array([1, 2, 3]), np.array([3, 20, 40]), [np.array([179, 148, 56])],
+        np.array([0, 1, 2, 3]), np.array([4, 21, 41]), [bt], rows, 3, 1, pad_to=4,
     )
     assert t_ids.tolist() == [1, 2, 3]
     # Padding row 3: a one-token dummy decode that writes nothing and reads the null block.
@@ -61,7 +61,7 @@ def test_stage_padded_decode_layout():
     assert full[:3].tolist() == bt[rows].tolist() and full[3].tolist() == [0] * 6
     assert md.block_table.tolist() == bt[rows].tolist()
     # The graph's static metadata sees the same buffers at full width.
-    gmd = buf.graph_metadata(4, 96)
+    [gmd] = buf.graph_metadata(4, 96)
     assert gmd.block_table.shape == (4, 6) and gmd.block_table.data_ptr() == buf.bt.data_ptr()
 
 

@@ -16,7 +16,7 @@ CPU = DeviceTransfer(CpuPlatform, torch.device("cpu"))
 
 
 def new(req_id, prompt, params=None, blocks=(1,), out=(), computed=0, eos=None):
-    return NewRequestData(req_id, list(prompt), list(out), params or SamplingParams(), list(blocks), computed, eos)
+    return NewRequestData(req_id, list(prompt), list(out), params or SamplingParams(), [list(blocks)], computed, eos)
 
 
 def test_rows_are_reused_and_serials_name_each_occupancy():
@@ -39,7 +39,7 @@ def test_rows_are_reused_and_serials_name_each_occupancy():
 def test_block_ids_append_in_position_order_and_tokens_stop_at_max_model_len():
     b = InputBatch(max_num_reqs=2, max_model_len=4, block_size=2)
     r = b.add_request(new("a", [1, 2, 3], blocks=[5, 9]))
-    b.append_block_ids(r, [])
+    b.append_block_ids(r, [[]])
     assert b.block_table[r, : b.num_blocks[r]].tolist() == [5, 9]
     b.append_tokens(np.array([r]), np.array([42]))
     b.append_tokens(np.array([r]), np.array([43]))  # already at max_model_len: dropped

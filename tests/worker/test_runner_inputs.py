@@ -37,8 +37,8 @@ def so_of(new=(), cached=(), scheduled=None, finished=()):
 
 def test_prefill_chunk_and_short_prompt_in_one_step(runner):
     p = SamplingParams(temperature=0)
-    a = NewRequestData("a", list(range(100, 120)), [], p, [3, 1], 0)  # 20 tokens over blocks 3, 1
-    b = NewRequestData("b", [7, 8, 9], [], p, [2], 0)
+    a = NewRequestData("a", list(range(100, 120)), [], p, [[3, 1]], 0)  # 20 tokens over blocks 3, 1
+    b = NewRequestData("b", [7, 8, 9], [], p, [[2]], 0)
     s = step(runner, so_of([a, b], scheduled={"a": 18, "b": 3}))
     assert s.req_ids == ["a", "b"]
     assert s.positions.tolist() == list(range(18)) + [0, 1, 2]
@@ -53,11 +53,11 @@ def test_prefill_chunk_and_short_prompt_in_one_step(runner):
 
 def test_next_step_finishes_the_prompt_and_decodes(runner):
     p = SamplingParams(temperature=0)
-    step(runner, so_of([NewRequestData("a", list(range(100, 120)), [], p, [3, 1], 0),
-                        NewRequestData("b", [7, 8, 9], [], p, [2], 0)], scheduled={"a": 18, "b": 3}))
+    step(runner, so_of([NewRequestData("a", list(range(100, 120)), [], p, [[3, 1]], 0),
+                        NewRequestData("b", [7, 8, 9], [], p, [[2]], 0)], scheduled={"a": 18, "b": 3}))
     batch = runner.input_batch
     batch.append_tokens(np.array([batch.row_of["b"]]), np.array([77]))  # "b" sampled 77
-    s = step(runner, so_of(cached=[CachedRequestData("a", [], 18), CachedRequestData("b", [], 3)],
+    s = step(runner, so_of(cached=[CachedRequestData("a", [[]], 18), CachedRequestData("b", [[]], 3)],
                            scheduled={"b": 1, "a": 2}))
     assert s.req_ids == ["b", "a"]  # scheduler order, not admission order
     assert s.positions.tolist() == [3, 18, 19] and s.input_ids.tolist() == [77, 118, 119]
@@ -66,13 +66,13 @@ def test_next_step_finishes_the_prompt_and_decodes(runner):
 
 
 def test_a_step_beyond_the_known_tokens_is_refused(runner):
-    a = NewRequestData("a", [1, 2, 3], [], SamplingParams(), [1], 0)
+    a = NewRequestData("a", [1, 2, 3], [], SamplingParams(), [[1]], 0)
     with pytest.raises(RuntimeError, match="neither known nor in flight"):
         step(runner, so_of([a], scheduled={"a": 4}))
 
 
 def test_finished_requests_free_their_rows(runner):
-    a = NewRequestData("a", [1, 2, 3], [], SamplingParams(), [1], 0)
+    a = NewRequestData("a", [1, 2, 3], [], SamplingParams(), [[1]], 0)
     step(runner, so_of([a], scheduled={"a": 3}))
     assert "a" in runner.input_batch.row_of
     runner._update_states(so_of(finished=["a"]))
