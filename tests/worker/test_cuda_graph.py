@@ -65,6 +65,30 @@ def test_stage_padded_decode_layout():
     assert gmd.block_table.shape == (4, 6) and gmd.block_table.data_ptr() == buf.bt.data_ptr()
 
 
+def test_stage_one_table_per_kv_cache_group():
+    """A mixed full/sliding-window model: each group's slots and block table go to its own
+    buffers; everything else is shared; graphs see every group's table at full width."""
+    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), CpuPlatform, num_kv_groups=2)
+    full = _batch()
+    window = full.copy()
+    window[1, :2] = 0  # blocks behind the window were freed: the null block
+    window[1, 2] = 8
+    rows = np.array([1, 0])
+    qsl, sl = np.array([0, 1, 2]), np.array([35, 21])
+    slots = [np.array([50, 148]), np.array([130, 148])]
+    mds, _ = buf.stage(np.array([4, 5]), np.array([34, 20]), slots, qsl, sl, [full, window], rows, 3, 1)
+    assert [m.block_table.tolist() for m in mds] == [[[2, 7, 3], [5, 9, 0]], [[0, 0, 8], [5, 9, 0]]]
+    assert [m.slot_mapping.tolist() for m in mds] == [[50, 148], [130, 148]]
+    assert mds[1].seq_lens is mds[0].seq_lens and mds[1].query_start_loc is mds[0].query_start_loc
+    mds, _ = buf.stage(np.array([4, 5]), np.array([34, 20]), slots, qsl, sl, [full, window], rows, 3, 1, pad_to=4)
+    assert buf.slots[1][2][:4].tolist() == [130, 148, -1, -1]
+    assert buf.bts[1][2][:24].view(4, 6)[:2].tolist() == window[rows].tolist()
+    gmds = buf.graph_metadata(4, 96)
+    assert [g.block_table.data_ptr() for g in gmds] == [bt[2].data_ptr() for bt in buf.bts]
+    buf.fill_dummy_decode(4)
+    assert all((slot[2][:4] == -1).all() and not bt[2][:24].any() for slot, bt in zip(buf.slots, buf.bts))
+
+
 # -- GPU: engines end to end --------------------------------------------------------------
 
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
@@ -126,6 +150,27 @@ def test_fp32_greedy_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypa
     assert runner.attn_backend.name == "triton_paged"
     assert (runner.graph_runner is None) == enforce_eager
     assert gpu_tokens == cpu_tokens
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch,num_blocks", [("gemma2", 40), ("gemma3", 64), ("qwen2_sw", 40)])
+def test_mixed_model_kv_groups_on_gpu(arch, num_blocks, checkpoints, monkeypatch):
+    """Mixed full/sliding-window models on the GPU: one block table per KV cache group in the
+    persistent buffers and the captured decode graphs, a pool small enough to preempt, and
+    prefix caching; fp32 tokens identical to the CPU, and no block leaks."""
+    kw = dict(dtype="float32", num_gpu_blocks_override=num_blocks, enable_prefix_caching=True)
+    _, _, cpu_tokens = _generate(checkpoints[arch], monkeypatch, "cpu", **kw)
+    llm, _, gpu_tokens = _generate(checkpoints[arch], monkeypatch, "cuda", **kw)
+    runner = llm.llm_engine.core.runner
+    assert runner.graph_runner is not None and runner.num_kv_groups > 1
+    assert len(runner.step_buffers.slots) == runner.num_kv_groups
+    assert len(runner.kv_caches) == runner.num_kv_tensors < len(runner.model.attention_layers())
+    assert gpu_tokens == cpu_tokens
+    sched = llm.llm_engine.core.scheduler
+    kv = sched.kv_cache_manager
+    assert sched.num_preemptions > 0
+    assert kv.block_pool.get_num_free_blocks() == kv.num_usable_blocks
 
 
 @pytest.mark.cuda
