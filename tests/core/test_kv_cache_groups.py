@@ -3,7 +3,12 @@
 
 import pytest
 
-from octavo.core.kv_cache_groups import KVCacheGroupSpec, layer_slots, make_kv_cache_groups, num_kv_tensors
+from octavo.core.kv_cache_groups import (
+    KVCacheGroupSpec,
+    layer_slots,
+    make_kv_cache_groups,
+    num_kv_tensors,
+)
 from octavo.core.kv_cache_manager import KVCacheManager
 from tests.core.utils import check_kv_invariants, make_request
 

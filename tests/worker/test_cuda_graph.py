@@ -86,7 +86,7 @@ def test_stage_one_table_per_kv_cache_group():
     gmds = buf.graph_metadata(4, 96)
     assert [g.block_table.data_ptr() for g in gmds] == [bt[2].data_ptr() for bt in buf.bts]
     buf.fill_dummy_decode(4)
-    assert all((slot[2][:4] == -1).all() and not bt[2][:24].any() for slot, bt in zip(buf.slots, buf.bts))
+    assert all((slot[2][:4] == -1).all() and not bt[2][:24].any() for slot, bt in zip(buf.slots, buf.bts, strict=True))
 
 
 # -- GPU: engines end to end --------------------------------------------------------------
