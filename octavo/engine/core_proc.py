@@ -184,7 +184,7 @@ def engine_facts(core: EngineCore) -> dict[str, Any]:
         "pid": os.getpid(),
         "num_blocks": kv.num_usable_blocks,
         "block_size": kv.block_size,
-        "kv_cache_tokens": kv.num_usable_blocks * kv.block_size,
+        "kv_cache_tokens": kv.max_num_tokens,  # the longest sequence one request can hold
     }
 
 

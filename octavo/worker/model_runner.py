@@ -223,6 +223,12 @@ class ModelRunner:
         for layer, (group, slot) in zip(layers, layer_slots(self.kv_cache_groups, len(layers)), strict=True):
             layer.kv_cache = self.kv_caches[slot]
             layer.kv_group = group
+        logger.info(
+            "KV cache groups: %s over %d KV tensors (blocks behind a window are freed per group)",
+            ", ".join(f"{'full' if g.sliding_window is None else f'window {g.sliding_window}'} x{len(g.layers)} layers"
+                      for g in self.kv_cache_groups),
+            len(self.kv_caches),
+        )
 
     # -- one step -------------------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:
