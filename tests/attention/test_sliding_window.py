@@ -173,3 +173,71 @@ def test_dense_reference_is_not_trivial():
     win = dense_reference(q, k, v, cache, md, 32**-0.5, WINDOW)
     assert rel_err(win, full) > 1e-2
     assert np.all(md.seq_lens_cpu[[0, 1]] > 3 * BS)
+
+
+def _group_backends() -> list[str]:
+    names = ["torch_ref"]
+    if cpu_isa.extension_unavailable_reason() is None:
+        names.append("cpu_paged")
+    try:
+        import triton  # noqa: F401
+
+        names.append("triton_paged")  # interpreted on the CPU (TRITON_INTERPRET=1), else on the GPU
+    except ImportError:
+        pass
+    return names
+
+
+def _second_group(md, cache, offset: int):
+    """Group 1 of a mixed model: the same batch on other blocks of the same KV tensor."""
+    import dataclasses
+
+    bt = md.block_table.clone()
+    bt[bt != 0] += offset
+    pos_block = (md.slot_mapping // BS).long()
+    slots = (pos_block + offset) * BS + md.slot_mapping % BS
+    return dataclasses.replace(md, block_table=bt, slot_mapping=slots)
+
+
+@pytest.mark.parametrize("backend", _group_backends())
+def test_kv_cache_groups_read_their_own_block_table(backend):
+    """A full-attention layer (group 0) and a windowed layer (group 1) share one KV tensor
+    positionally but read different blocks: each takes its group's metadata out of the step's
+    ``KVGroupMetadata``; the windowed group's blocks behind the window are the NaN null block."""
+    from octavo.attention.backend import KVGroupMetadata
+    from octavo.attention.backends.cpu_paged import CpuPagedBackend, cache_from_reference
+    from octavo.attention.backends.torch_ref import TorchRefBackend
+    from octavo.attention.backends.triton_paged import TritonPagedBackend
+    from octavo.models.llama import Attention
+
+    cls = {"torch_ref": TorchRefBackend, "cpu_paged": CpuPagedBackend, "triton_paged": TritonPagedBackend}[backend]
+    device = "cuda" if backend == "triton_paged" and torch.cuda.is_available() else "cpu"
+    q, k, v, cache, md0 = make_batch(SEQS, num_heads=4, num_kv_heads=2, head_size=32, block_size=BS,
+                                     dtype=torch.float32, seed=3)
+    nb = cache.shape[1]
+    other = torch.randn(cache.shape, generator=torch.Generator().manual_seed(4))
+    cache = torch.cat([cache, other[:, 1:]], dim=1)  # group 1's blocks: nb .. 2 nb - 2
+    md1 = _second_group(md0, cache, nb - 1)
+    scale = 32**-0.5
+    refs = [dense_reference(q, k, v, cache, md0, scale), dense_reference(q, k, v, cache, md1, scale, WINDOW)]
+    assert rel_err(refs[0], refs[1]) > 1e-2  # the two groups do read different KV
+    _poison_outside_window(cache, md1, WINDOW)
+    kv = cache_from_reference(cache) if backend == "cpu_paged" else cache
+    moved = [_to_device(md, device) for md in (md0, md1)]
+    step_md = KVGroupMetadata([cls.build_metadata(md) for md in moved])
+    kv = kv.to(device)
+    impl = cls.get_impl_cls()
+    for group, window in ((0, None), (1, WINDOW)):
+        layer = Attention(impl(4, 32, scale, 2, sliding_window=window))
+        layer.kv_cache, layer.kv_group = kv, group
+        out = layer(q.to(device), k.to(device), v.to(device), step_md).cpu()
+        assert not torch.isnan(out).any(), f"group {group} read a block outside its window or table"
+        assert rel_err(out, refs[group]) < 1e-5, f"group {group}"
+
+
+def _to_device(md, device: str):
+    """``md`` with its tensors on ``device`` (the host copies stay numpy)."""
+    import dataclasses
+
+    return dataclasses.replace(md, **{f.name: getattr(md, f.name).to(device) for f in dataclasses.fields(md)
+                                      if isinstance(getattr(md, f.name), torch.Tensor)})

@@ -113,10 +113,13 @@ def _paged_attention_kernel(
     # Keys this query block can see: up to the causal limit of its last query.
     kv_end = tl.minimum(seq_len, context_len + (local_block + 1) * BLOCK_Q)
     num_tiles = tl.cdiv(kv_end, TILE)
-    # Sliding window: tiles wholly before the first row's window are never read.
+    # Sliding window: keys before the first row's window are never read (not even inside the
+    # first tile: the KV cache manager may have freed and reused their blocks).
     first_tile = 0
+    first_key = 0
     if SLIDING_WINDOW > 0:
-        first_tile = tl.maximum(context_len + local_block * BLOCK_Q - SLIDING_WINDOW + 1, 0) // TILE
+        first_key = tl.maximum(context_len + local_block * BLOCK_Q - SLIDING_WINDOW + 1, 0)
+        first_tile = first_key // TILE
     if NUM_SEGMENTS > 1:
         tiles_per_seg = tl.cdiv(tl.cdiv(seq_len, TILE) - first_tile, NUM_SEGMENTS)
         tile_lo = first_tile + segment * tiles_per_seg
@@ -134,6 +137,8 @@ def _paged_attention_kernel(
     for j in range(tile_lo, tile_hi):
         k_pos = j * TILE + offs_t
         k_ok = k_pos < kv_end
+        if SLIDING_WINDOW > 0:
+            k_ok = k_ok & (k_pos >= first_key)
         blk = tl.load(bt_row + k_pos // BLOCK_SIZE, mask=k_ok, other=0).to(tl.int64)
         slot_in_blk = k_pos % BLOCK_SIZE
         k = tl.load(
