@@ -52,6 +52,31 @@ def make_kv_cache_groups(layer_windows: Sequence[int | None]) -> tuple[KVCacheGr
     )
 
 
+def max_request_tokens(
+    num_usable_blocks: int, block_size: int, group_windows: Sequence[int | None], max_chunk_tokens: int | None
+) -> int:
+    """The longest sequence one request can hold alone in ``num_usable_blocks`` blocks shared
+    by groups with these windows, at any step: each full-attention group needs a block per
+    ``block_size`` tokens, each windowed group at most its window plus one step's chunk
+    (``max_chunk_tokens``; None: a whole sequence in one chunk)."""
+    if len(group_windows) == 1:
+        return num_usable_blocks * block_size
+
+    def worst_case_blocks(num_tokens: int) -> int:
+        n = -(-num_tokens // block_size)
+        chunk = max_chunk_tokens or num_tokens
+        return sum(n if w is None else min(n, (chunk + w + 2 * block_size - 3) // block_size) for w in group_windows)
+
+    lo, hi = 0, num_usable_blocks * block_size
+    while lo < hi:  # the largest length whose worst step fits
+        mid = (lo + hi + 1) // 2
+        if worst_case_blocks(mid) <= num_usable_blocks:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def num_kv_tensors(groups: Sequence[KVCacheGroupSpec]) -> int:
     """KV tensors the groups share positionally (the most layers any group has)."""
     return max(len(g.layers) for g in groups)

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 
 from octavo.core.block_hash import BlockHash, extend_block_hashes, get_hash_function
 from octavo.core.block_pool import BlockPool, KVCacheBlock
+from octavo.core.kv_cache_groups import max_request_tokens
 from octavo.core.request import Request
 
 # Per group, one list of blocks (what get_computed_blocks and allocate_slots hand around).
@@ -92,26 +93,8 @@ class KVCacheManager:
     @property
     def max_num_tokens(self) -> int:
         """The longest sequence one request can hold alone in the pool (no request ever needs
-        more). One group: every usable block. Several: each full-attention group needs a block
-        per ``block_size`` tokens, each windowed group at most its window plus one step's chunk."""
-        usable = self.num_usable_blocks
-        if self.num_groups == 1:
-            return usable * self.block_size
-        lo, hi = 0, usable * self.block_size
-        while lo < hi:  # the largest length whose worst step fits
-            mid = (lo + hi + 1) // 2
-            if self._worst_case_blocks(mid) <= usable:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _worst_case_blocks(self, num_tokens: int) -> int:
-        """Blocks one request of at most ``num_tokens`` tokens holds at its largest step."""
-        bs = self.block_size
-        n = cdiv(num_tokens, bs)
-        chunk = self.max_chunk_tokens or num_tokens
-        return sum(n if w is None else min(n, (chunk + w + 2 * bs - 3) // bs) for w in self.group_windows)
+        more): every usable block with one group; see ``max_request_tokens`` for several."""
+        return max_request_tokens(self.num_usable_blocks, self.block_size, self.group_windows, self.max_chunk_tokens)
 
     @property
     def usage(self) -> float:

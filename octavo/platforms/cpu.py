@@ -88,7 +88,11 @@ class CpuPlatform(Platform):
         (so a too-small machine fails with the cache-size error that names the flags)."""
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         elem = torch.empty((), dtype=mc.dtype).element_size() if cc.kv_cache_dtype == "auto" else 1
-        per_token = 2 * mc.num_layers * mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
+        # Layer pages a token costs: every layer, or every group slot when layers form several
+        # KV cache groups (their full-attention groups alone may need a block per token).
+        groups = cc.kv_cache_groups
+        pages = len(groups) * max(len(g.layers) for g in groups) if len(groups) > 1 else mc.num_layers
+        per_token = 2 * pages * mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         per_token *= mc.head_size * elem
         blocks_per_seq = -(-sc.max_model_len // cc.block_size)
         one_seq = blocks_per_seq * cc.block_size * per_token

@@ -192,9 +192,15 @@ class ModelRunner:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         mc = self.config.model_config
-        if num_blocks * self.block_size < self.max_model_len and self.config.cache_config.num_gpu_blocks_override is None:
+        from octavo.core.kv_cache_groups import max_request_tokens
+
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        fits = num_blocks * self.block_size
+        if self.num_kv_groups > 1:  # the longest sequence the groups' blocks hold
+            fits = max_request_tokens(num_blocks, self.block_size, cc.group_windows, sc.max_num_batched_tokens)
+        if fits < self.max_model_len and cc.num_gpu_blocks_override is None:
             raise ValueError(
-                f"the KV cache holds {num_blocks * self.block_size} tokens, fewer than "
+                f"the KV cache holds {fits} tokens, fewer than "
                 f"--max-model-len {self.max_model_len}; lower --max-model-len or give the cache "
                 "more memory"
             )
