@@ -128,15 +128,7 @@ class StepBuffers:
             self.sl_np[b:nb] = 1
         copies = [(self.ids, self.ids_h, n), (self.pos, self.pos_h, n), (self.qsl, self.qsl_h, nb + 1),
                   (self.sl, self.sl_h, nb)]
-        for (slot_h, slot_np, slot), (bt_h, bt_np, bt), sm, table in zip(
-            self.slots, self.bts, slot_mappings, block_tables, strict=True
-        ):
-            slot_np[:t] = sm
-            slot_np[t:n] = -1  # padding rows write no KV
-            view = bt_np[: nb * width].reshape(nb, width)
-            view[:b] = table[rows, :width]
-            view[b:] = 0  # padding rows read the null block
-            copies += [(slot, slot_h, n), (bt, bt_h, nb * width)]
+        copies += self._stage_tables(slot_mappings, block_tables, rows, t, n, nb, width)
         for dst, src, k in copies:
             self._copy(dst, src, k)
         self._mark_copied("inputs")
@@ -158,6 +150,21 @@ class StepBuffers:
             for (_, _, slot), (_, _, bt) in zip(self.slots[1:], self.bts[1:], strict=True)
         ]
         return mds, (self.ids[:t], self.pos[:t])
+
+    def _stage_tables(self, slot_mappings, block_tables, rows: np.ndarray, t: int, n: int, nb: int, width: int):
+        """Fill each group's slot and block-table host mirrors (padding rows write no KV and
+        read the null block); returns their (device, host, count) copies."""
+        copies = []
+        for (slot_h, slot_np, slot), (bt_h, bt_np, bt), sm, table in zip(
+            self.slots, self.bts, slot_mappings, block_tables, strict=True
+        ):
+            slot_np[:t] = sm
+            slot_np[t:n] = -1
+            view = bt_np[: nb * width].reshape(nb, width)
+            view[: len(rows)] = table[rows, :width]
+            view[len(rows) :] = 0
+            copies += [(slot, slot_h, n), (bt, bt_h, nb * width)]
+        return copies
 
     def indices(self, idx: np.ndarray) -> torch.Tensor:
         """A device copy of a small index array (the rows to compute logits for)."""
