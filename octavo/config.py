@@ -13,8 +13,6 @@ from typing import Any
 
 import torch
 
-from octavo.core.kv_cache_groups import KVCacheGroupSpec
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -64,6 +62,15 @@ class ModelConfig:
     @property
     def hidden_size(self) -> int:
         return self.hf_config.hidden_size
+
+
+@dataclass(frozen=True)
+class KVCacheGroupSpec:
+    """One KV cache group: its window (None = full attention) and its layers, in slot order
+    (``octavo/core/kv_cache_groups.py`` builds them and says how they share memory)."""
+
+    sliding_window: int | None
+    layers: tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,10 @@ group and five sliding groups of ``num_layers / 6`` layers each.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from octavo.config import KVCacheGroupSpec
 
-@dataclass(frozen=True)
-class KVCacheGroupSpec:
-    """One group: its window (None = full attention) and its layers, in slot order."""
-
-    sliding_window: int | None
-    layers: tuple[int, ...]
+__all__ = ["KVCacheGroupSpec", "layer_slots", "make_kv_cache_groups", "max_request_tokens", "num_kv_tensors"]
 
 
 def make_kv_cache_groups(layer_windows: Sequence[int | None]) -> tuple[KVCacheGroupSpec, ...]:
