@@ -315,6 +315,7 @@ class Scheduler:
     def _schedule_running(self, plan: _StepPlan) -> None:
         """Running requests in order; preempt by recompute when one cannot get blocks."""
         kv = self.kv_cache_manager
+        kv_key_fn = self.kv_key_fn  # None unless the model's RoPE depends on the length
         i = 0
         while i < len(self.running) and plan.budget > 0:
             req = self.running[i]
@@ -322,7 +323,7 @@ class Scheduler:
             if n <= 0 or req.paused or (req.num_output_placeholders and self._at_length_limit(req)):
                 i += 1
                 continue
-            if self._kv_key_changed(req):
+            if kv_key_fn is not None and kv_key_fn(req) != req.kv_key:
                 # Its KV no longer matches the model's rule (longrope switching for the whole
                 # sequence): recompute it, once the tokens in flight are known.
                 if not req.num_output_placeholders:
@@ -331,8 +332,9 @@ class Scheduler:
                 else:
                     i += 1
                 continue
-            drafts = self._drafts(req, plan.budget)
-            n += len(drafts)
+            drafts = self._drafts(req, plan.budget) if req.spec_token_ids else None
+            if drafts:
+                n += len(drafts)
             new_blocks = kv.allocate_slots(req, n)
             while new_blocks is None:
                 victim = self._pick_victim()
@@ -433,10 +435,11 @@ class Scheduler:
         """The step's state update: computed counts move on (drafts included, until the
         rejected ones are rolled back); a step that reaches the end of the known tokens
         samples the next one (an output placeholder until its value is in)."""
+        requests = self.requests
         for rid, n in num_scheduled.items():
-            req = self.requests[rid]
+            req = requests[rid]
             req.num_computed_tokens += n
-            num_drafts = len(spec_tokens.get(rid, ()))
+            num_drafts = len(spec_tokens.get(rid, ())) if spec_tokens else 0
             if req.num_computed_tokens - num_drafts == req.num_tokens + req.num_output_placeholders:
                 req.num_output_placeholders += 1
 
@@ -479,6 +482,7 @@ class Scheduler:
         logprobs = runner_output.logprobs
         prompt_lps = runner_output.prompt_logprobs or {}
         scheduled = scheduler_output.scheduled_requests
+        spec = scheduler_output.scheduled_spec_decode_tokens  # empty unless drafts were verified
         for idx, (rid, token_ids) in enumerate(
             zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True)
         ):
@@ -489,7 +493,7 @@ class Scheduler:
                 continue  # the id now names a newer request (the old one ended meanwhile)
             if token_ids and req.num_output_placeholders:
                 req.num_output_placeholders -= 1
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
+            drafts = spec.get(rid) if spec else None
             if drafts:
                 self._roll_back_rejected(req, len(drafts), len(token_ids))
             plp = self._new_prompt_logprobs(req, prompt_lps.get(rid))

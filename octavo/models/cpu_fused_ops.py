@@ -96,16 +96,24 @@ _linear_pointwise = torch.ops.mkldnn._linear_pointwise if PREPACK else None
 
 
 def linear_usable(layer, x: torch.Tensor) -> bool:
+    """bf16 ``x``, a layer on a single rank whose weight oneDNN could pack. Per call only the
+    dtype is checked: the layer's rank count is fixed at construction and read once."""
     if not (PREPACK and ENABLED) or x.dtype != torch.bfloat16:
         return False
-    if layer.__dict__.get("_octavo_no_prepack"):
+    d = layer.__dict__
+    if d.get("_octavo_no_prepack"):
         return False
-    tp = getattr(layer, "tp", None)
-    return tp is None or tp.world_size == 1
+    single = d.get("_octavo_single_rank")
+    if single is None:
+        tp = getattr(layer, "tp", None)
+        single = d["_octavo_single_rank"] = tp is None or tp.world_size == 1
+    return single
 
 
 def _packed(owner, weight: torch.Tensor):
     cache = owner.__dict__.get("_octavo_packed")
+    if cache is not None and cache[2] is weight and cache[0] == (weight._version, weight.data_ptr()):
+        return cache[1]
     key = (weight._version, weight.data_ptr())
     if cache is None or cache[0] != key or cache[2] is not weight:
         try:
@@ -148,6 +156,8 @@ def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:
 def _gemv_weight(owner, weight: torch.Tensor) -> torch.Tensor | None:
     """The packed copy of ``weight`` cached on ``owner`` (rebuilt when the weight changes)."""
     cache = owner.__dict__.get("_octavo_gemv")
+    if cache is not None and cache[2] is weight and cache[0] == (weight._version, weight.data_ptr()):
+        return cache[1]
     key = (weight._version, weight.data_ptr())
     if cache is None or cache[0] != key or cache[2] is not weight:
         n, k = weight.shape if weight.dim() == 2 else (0, 1)
@@ -167,15 +177,19 @@ def gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
     if bias is not None and not bias.is_contiguous():
         bias = bias.contiguous()
     _gemv(x=x2, weight=packed, out=out, bias=bias)
-    return out.view(*x.shape[:-1], out.shape[-1])
+    return out if x2 is x else out.view(*x.shape[:-1], out.shape[-1])
 
 
 def linear(layer, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None):
     """``F.linear(x, weight, bias)`` with ``layer``'s weight (or ``weight``) prepacked once:
     octavo's GEMV at decode batch sizes, oneDNN's blocked GEMM above."""
-    w = layer.weight if weight is None else weight
-    b = getattr(layer, "bias", None) if weight is None else bias
     d = layer.__dict__
+    if weight is None:  # the module's own parameters, without nn.Module.__getattr__ per call
+        params = d.get("_parameters") or {}
+        w = params["weight"] if "weight" in params else layer.weight
+        b = params["bias"] if "bias" in params else getattr(layer, "bias", None)
+    else:
+        w, b = weight, bias
     if GEMV and x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and d.get("_octavo_use_gemv") and not d.get("_octavo_no_gemv"):
         packed = _gemv_weight(layer, w) if w.dtype == x.dtype else None
         if packed is not None and (b is None or b.dtype == x.dtype):

@@ -75,6 +75,7 @@ class InputBatch:
         self.logit_bias: list[tuple[np.ndarray, np.ndarray] | None] = [None] * r
         self.bad_words: list[list[list[int]] | None] = [None] * r
         self.min_tokens_stop_ids: list[np.ndarray] = [_EMPTY] * r
+        self.num_min_tokens_stop_ids = np.zeros(r, dtype=np.int64)  # len(min_tokens_stop_ids[row])
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -132,6 +133,7 @@ class InputBatch:
         if eos_token_id is not None and not p.ignore_eos:
             stop_ids.add(eos_token_id)
         self.min_tokens_stop_ids[row] = np.array(sorted(stop_ids), dtype=np.int64)
+        self.num_min_tokens_stop_ids[row] = len(stop_ids)
 
     def remove_request(self, req_id: str) -> None:
         row = self.row_of.pop(req_id, None)
@@ -204,8 +206,9 @@ class InputBatch:
         num_out = self.num_tokens[rows] - self.num_prompt_tokens[rows]
         if num_pending is not None:
             num_out = num_out + num_pending
-        drafts = np.zeros(len(rows), dtype=np.int64) if num_drafts is None else num_drafts
-        num_out = num_out + drafts
+        drafts = num_drafts  # None: no row samples after drafts
+        if drafts is not None:
+            num_out = num_out + drafts
         nlp = self.num_logprobs[rows]
         return SamplingMetadata(
             temperature=dev(temps),
@@ -245,13 +248,13 @@ class InputBatch:
         return dev(mask)
 
     def _bad_words_mask(
-        self, rows: np.ndarray, dev: ToDevice, drafts: np.ndarray
+        self, rows: np.ndarray, dev: ToDevice, drafts: np.ndarray | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Bad words, against each row's generated tokens: (row, token) pairs to forbid."""
         bad = {i: self.bad_words[rows[i]] for i in np.nonzero(self.has_bad_words[rows])[0].tolist()}
         if not bad:
             return None
-        past = {i: self.output_token_ids(rows[i], int(drafts[i])) for i in bad}
+        past = {i: self.output_token_ids(rows[i], 0 if drafts is None else int(drafts[i])) for i in bad}
         b_rows, b_toks = bad_words_positions(bad, past)
         if not b_rows:
             return None
@@ -261,14 +264,13 @@ class InputBatch:
         self, rows: np.ndarray, num_out: np.ndarray, dev: ToDevice
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """min_tokens: stop tokens are forbidden while too few tokens were generated."""
-        gated = np.nonzero(num_out < self.min_tokens[rows])[0]
+        # Rows with no stop token to forbid (ignore_eos, no stop_token_ids) are left out up front.
+        gated = np.nonzero((num_out < self.min_tokens[rows]) & (self.num_min_tokens_stop_ids[rows] > 0))[0]
         if not len(gated):
             return None
-        ids = [self.min_tokens_stop_ids[rows[i]] for i in gated]
-        counts = np.array([len(x) for x in ids], dtype=np.int64)
-        if not counts.sum():
-            return None
-        return dev(np.repeat(gated, counts)), dev(np.concatenate(ids))
+        gated_rows = rows[gated]
+        ids = [self.min_tokens_stop_ids[r] for r in gated_rows.tolist()]
+        return dev(np.repeat(gated, self.num_min_tokens_stop_ids[gated_rows])), dev(np.concatenate(ids))
 
     def _logit_bias(self, rows: np.ndarray, dev: ToDevice) -> tuple[torch.Tensor, ...] | None:
         """(row, token id, bias) triples of every biased row."""
@@ -283,11 +285,13 @@ class InputBatch:
             dev(np.concatenate([p[1] for p in pairs])),
         )
 
-    def _penalties(self, rows: np.ndarray, vocab_size: int, dev: ToDevice, drafts: np.ndarray) -> dict[str, torch.Tensor]:
+    def _penalties(
+        self, rows: np.ndarray, vocab_size: int, dev: ToDevice, drafts: np.ndarray | None
+    ) -> dict[str, torch.Tensor]:
         """All five penalty fields, or none: prompt/output tokens padded with ``vocab_size``."""
         if not self.has_penalty[rows].any():
             return {}
-        n_tok = self.num_tokens[rows] + drafts
+        n_tok = self.num_tokens[rows] if drafts is None else self.num_tokens[rows] + drafts
         n_prompt = self.num_prompt_tokens[rows]
         width = int(n_tok.max())
         toks = self.token_ids[rows, :width]

@@ -271,15 +271,14 @@ class ModelRunner:
         seq_lens = computed + n
         max_blocks = int(-(-seq_lens.max() // bs))
         src, has_pending = self._in_flight_inputs(rows, seq_lens)
-        spec = so.scheduled_spec_decode_tokens
-        num_drafts = np.fromiter((len(spec.get(r, ())) for r in req_ids), dtype=np.int64, count=len(req_ids))
-        known = batch.num_tokens[rows] + has_pending + num_drafts
+        num_drafts = _num_drafts(so.scheduled_spec_decode_tokens, req_ids)
+        known = batch.num_tokens[rows] + has_pending
+        if num_drafts is not None:
+            known += num_drafts
         if (seq_lens > known).any():
             raise RuntimeError("a step computes tokens that are neither known nor in flight")
         sample_mask = seq_lens == known
-        counts = num_drafts[sample_mask] + 1
-        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        logits_indices = np.repeat(cu[sample_mask] - counts, counts) + within
+        logits_indices = _logits_indices(cu, sample_mask, num_drafts)
         fixup = None
         if has_pending.any():  # (token index in this step, index in the previous step's samples)
             fixup = (cu[has_pending] - 1, src[has_pending])
@@ -296,6 +295,8 @@ class ModelRunner:
             tables = [t[rows, :max_blocks] for t in batch.block_tables]
             mds, inputs = self._host_inputs(token_ids, positions, slot_mappings, qsl, seq_lens, tables, int(n.max()))
         self._apply_fixup(inputs[0], fixup)
+        if num_drafts is None:
+            num_drafts = np.zeros(len(req_ids), dtype=np.int64)
         return StepInputs(req_ids, rows, inputs[0], inputs[1], mds[0], mds, sample_mask, has_pending,
                           logits_indices, num_drafts)
 
@@ -418,15 +419,17 @@ class ModelRunner:
         verify drafts; results are queued to the host."""
         logits = self.model.compute_logits(hidden)
         sample_rows = step.rows[step.sample_mask]
-        layout = self._draft_layout(step, so)
-        flat_rows = sample_rows[layout.seg]
+        layout = self._draft_layout(step, so)  # None: no request verifies drafts this step
+        flat_rows = sample_rows if layout is None else sample_rows[layout.seg]
         if logits is None:  # tensor-parallel rank != 0: receive rank 0's tokens below
             out = None
             sampled_t = torch.empty(len(flat_rows), dtype=torch.int64, device=self.device)
         else:
-            num_pending = step.has_pending[step.sample_mask].astype(np.int64)[layout.seg]
+            num_pending = step.has_pending[step.sample_mask].astype(np.int64)
+            if layout is not None:
+                num_pending = num_pending[layout.seg]
             md = self.input_batch.make_sampling_metadata(flat_rows, logits.shape[-1], self.transfer, num_pending,
-                                                         num_drafts=layout.offsets)
+                                                         num_drafts=None if layout is None else layout.offsets)
             md.token_bitmask = self._token_bitmask(so, step, layout)
             out = self.sampler(logits, md)
             sampled_t = out.sampled_token_ids
@@ -435,7 +438,7 @@ class ModelRunner:
             sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
         sampled_t = sampled_t.to(torch.int64)
         emitted_host = keep = None
-        if layout.has_drafts:
+        if layout is not None:
             dev = self.transfer.to_device
             emitted, keep = verify_one_hot_drafts(sampled_t, dev(layout.draft_ids), dev(layout.seg), dev(layout.starts))
             emitted_host = self.transfer.to_host_async(emitted)
@@ -449,27 +452,35 @@ class ModelRunner:
         if event is not None:
             event.record()
         return SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
-                             sampled_host, lp_host, num_lp, event, emitted_host, layout.starts)
+                             sampled_host, lp_host, num_lp, event, emitted_host,
+                             None if layout is None else layout.starts)
 
     @staticmethod
-    def _draft_layout(step: StepInputs, so: SchedulerOutput) -> DraftLayout:
+    def _draft_layout(step: StepInputs, so: SchedulerOutput) -> DraftLayout | None:
+        """Where each sampling request's positions sit; None when none verifies drafts."""
+        if not so.scheduled_spec_decode_tokens:
+            return None
         num_drafts = step.num_drafts[step.sample_mask]
+        if not num_drafts.any():
+            return None
         spec = so.scheduled_spec_decode_tokens
         drafts = [spec[step.req_ids[p]] for p in np.nonzero(step.sample_mask & (step.num_drafts > 0))[0].tolist()]
         return make_layout(num_drafts, drafts)
 
     def _token_bitmask(
-        self, so: SchedulerOutput, step: StepInputs, layout: DraftLayout
+        self, so: SchedulerOutput, step: StepInputs, layout: DraftLayout | None
     ) -> tuple[list[int], torch.Tensor] | None:
         """The scheduler's grammar bitmask rows laid out as the sampling rows (others all-ones;
         grammar-constrained requests verify no drafts, so each has one position)."""
         if not so.structured_output_request_ids:
             return None
         sample_pos = np.nonzero(step.sample_mask)[0]
-        row_of = {step.req_ids[p]: int(layout.starts[i]) for i, p in enumerate(sample_pos.tolist())}
+        starts = range(len(sample_pos)) if layout is None else layout.starts.tolist()
+        row_of = {step.req_ids[p]: s for p, s in zip(sample_pos.tolist(), starts, strict=True)}
         rows = [row_of[r] for r in so.structured_output_request_ids]
         packed = np.asarray(so.grammar_bitmask, dtype=np.int32)  # a list after msgpack (workers)
-        bitmask = np.full((len(layout.seg), packed.shape[1]), -1, dtype=np.int32)
+        num_positions = len(sample_pos) if layout is None else len(layout.seg)
+        bitmask = np.full((num_positions, packed.shape[1]), -1, dtype=np.int32)
         bitmask[rows] = packed
         return rows, self.transfer.to_device(bitmask)
 
@@ -482,6 +493,24 @@ class ModelRunner:
         if not self._unresulted or self._unresulted[0] is not handle:
             raise RuntimeError("steps must be resulted in the order they were launched")
         self._unresulted.pop(0)
+
+
+def _num_drafts(spec: dict[str, list[int]], req_ids: list[str]) -> np.ndarray | None:
+    """Draft tokens each of ``req_ids`` verifies this step; None when none verifies any (the
+    usual step: speculative decoding off), so no per-request work is done for it."""
+    if not spec:
+        return None
+    return np.fromiter((len(spec.get(r, ())) for r in req_ids), dtype=np.int64, count=len(req_ids))
+
+
+def _logits_indices(cu: np.ndarray, sample_mask: np.ndarray, num_drafts: np.ndarray | None) -> np.ndarray:
+    """Token indices to sample: each sampling request's last token, preceded by the positions
+    of its drafts' predecessors (``cu``: cumulative scheduled tokens per request)."""
+    if num_drafts is None:
+        return cu[sample_mask] - 1
+    counts = num_drafts[sample_mask] + 1
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(cu[sample_mask] - counts, counts) + within
 
 
 def _bitmask_kernel(platform) -> BitmaskKernel:

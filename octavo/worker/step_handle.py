@@ -102,18 +102,20 @@ class StepHandle:
         if s is not None:
             if s.event is not None:
                 s.event.synchronize()
-            counts, starts, flat = s.emitted()
             batch = runner.input_batch
             keep = batch.serial[s.rows] == s.serials  # rows not freed and reused meanwhile
-            batch.append_token_runs(s.rows[keep], flat[np.repeat(keep, counts)], counts[keep])
             pos = self._sample_pos.tolist()
-            tokens, ends = flat.tolist(), np.cumsum(counts).tolist()
-            for i, a, b in zip(pos, [0, *ends[:-1]], ends, strict=True):
-                sampled_lists[i] = tokens[a:b]
-            if s.logprobs_host is not None:
-                dicts = logprob_dicts(s.logprobs_host, s.num_logprobs)
-                per_row = [None if dicts[a] is None else dicts[a : a + c]
-                           for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
+            if s.num_emitted_host is None:  # one token per row (no drafts verified)
+                tokens = s.host.numpy()
+                batch.append_tokens(s.rows[keep], tokens[keep])
+                for i, t in zip(pos, tokens.tolist(), strict=True):
+                    sampled_lists[i] = [t]
+                per_row = None
+                if s.logprobs_host is not None:
+                    per_row = [None if d is None else [d] for d in logprob_dicts(s.logprobs_host, s.num_logprobs)]
+            else:
+                per_row = self._emit_runs(batch, s, keep, pos, sampled_lists)
+            if per_row is not None:
                 logprobs_lists = [None] * len(self._req_ids)
                 for i, lp in zip(pos, per_row, strict=True):
                     logprobs_lists[i] = lp
@@ -125,3 +127,18 @@ class StepHandle:
         )
         self._runner = None
         return self._output
+
+    @staticmethod
+    def _emit_runs(batch, s: SampledTokens, keep: np.ndarray, pos: list[int], sampled_lists: list) -> list | None:
+        """Speculative decoding: each row emits its accepted drafts plus one token. Fills
+        ``sampled_lists`` and the input batch; returns the logprobs per row (None without)."""
+        counts, starts, flat = s.emitted()
+        batch.append_token_runs(s.rows[keep], flat[np.repeat(keep, counts)], counts[keep])
+        tokens, ends = flat.tolist(), np.cumsum(counts).tolist()
+        for i, a, b in zip(pos, [0, *ends[:-1]], ends, strict=True):
+            sampled_lists[i] = tokens[a:b]
+        if s.logprobs_host is None:
+            return None
+        dicts = logprob_dicts(s.logprobs_host, s.num_logprobs)
+        return [None if dicts[a] is None else dicts[a : a + c]
+                for a, c in zip(starts.tolist(), counts.tolist(), strict=True)]
