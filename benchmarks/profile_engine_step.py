@@ -19,6 +19,7 @@ import cProfile
 import io
 import pstats
 import random
+import resource
 import time
 
 
@@ -76,6 +77,7 @@ def main() -> None:
     prompts, params = workload(args.num_prompts, args.input_len, args.output_len, vocab, seed=2)
     steps = count_steps(llm)
     prof = None if args.no_profile else cProfile.Profile()
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     c0, t0 = time.process_time(), time.perf_counter()
     if prof is not None:
         prof.enable()
@@ -83,10 +85,12 @@ def main() -> None:
     if prof is not None:
         prof.disable()
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
     n_out = sum(len(c.token_ids) for o in outs for c in o.outputs)
     n_steps = max(steps[0], 1)
     print(f"output tokens {n_out}  steps {n_steps}  wall {wall:.2f}s  cpu {cpu:.2f}s  "
-          f"cpu ms/output token {1e3 * cpu / n_out:.3f}  wall ms/step {1e3 * wall / n_steps:.3f}")
+          f"cpu ms/output token {1e3 * cpu / n_out:.3f}  wall ms/step {1e3 * wall / n_steps:.3f}  "
+          f"sys {r1.ru_stime - r0.ru_stime:.2f}s  minor faults {r1.ru_minflt - r0.ru_minflt}")
     if prof is None:
         return
     st = pstats.Stats(prof)

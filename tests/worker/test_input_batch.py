@@ -85,3 +85,14 @@ def test_min_tokens_forbids_stop_tokens_until_reached():
     b.append_tokens(np.array([r]), np.array([4]))
     b.append_tokens(np.array([r]), np.array([4]))
     assert b.make_sampling_metadata(np.array([r]), 10, CPU).min_tokens_mask is None
+
+
+def test_min_tokens_mask_leaves_out_rows_with_no_stop_token():
+    """ignore_eos without stop_token_ids: nothing to forbid, so such rows never enter the mask
+    (and a batch of only those has none)."""
+    b = InputBatch(max_num_reqs=3, max_model_len=32, block_size=4)
+    free = b.add_request(new("f", [1], SamplingParams(min_tokens=3, ignore_eos=True), eos=2))
+    stop = b.add_request(new("s", [1], SamplingParams(min_tokens=3, stop_token_ids=[5, 6]), eos=2))
+    assert b.make_sampling_metadata(np.array([free]), 10, CPU).min_tokens_mask is None
+    rows, toks = b.make_sampling_metadata(np.array([free, stop]), 10, CPU).min_tokens_mask
+    assert rows.tolist() == [1, 1, 1] and toks.tolist() == [2, 5, 6]

@@ -77,3 +77,38 @@ def test_finished_requests_free_their_rows(runner):
     assert "a" in runner.input_batch.row_of
     runner._update_states(so_of(finished=["a"]))
     assert "a" not in runner.input_batch.row_of
+
+
+def test_logits_indices_without_drafts_match_the_draft_layout_with_none():
+    """The draft-free fast path (speculative decoding off) picks the same tokens as the general
+    layout given zero drafts per request."""
+    from octavo.worker.model_runner import _logits_indices
+
+    cu = np.cumsum([5, 1, 3, 1])
+    mask = np.array([True, False, True, True])
+    fast = _logits_indices(cu, mask, None)
+    assert fast.tolist() == [4, 8, 9]
+    assert np.array_equal(fast, _logits_indices(cu, mask, np.zeros(4, dtype=np.int64)))
+    # with drafts: each verifying request samples after its predecessor and every draft
+    assert _logits_indices(cu, mask, np.array([0, 0, 2, 0])).tolist() == [4, 6, 7, 8, 9]
+
+
+def test_a_step_with_drafts_lays_out_every_verified_position(runner):
+    p = SamplingParams(temperature=0)
+    step(runner, so_of([NewRequestData("a", [1, 2, 3], [], p, [1], 0),
+                        NewRequestData("b", [4, 5], [], p, [2], 0)], scheduled={"a": 3, "b": 2}))
+    batch = runner.input_batch
+    batch.append_tokens(np.array([batch.row_of["a"], batch.row_of["b"]]), np.array([9, 8]))
+    so = so_of(cached=[CachedRequestData("a", [], 3), CachedRequestData("b", [], 2)], scheduled={"a": 3, "b": 1})
+    so.scheduled_spec_decode_tokens = {"a": [6, 7]}
+    s = step(runner, so)
+    assert s.input_ids.tolist() == [9, 6, 7, 8] and s.positions.tolist() == [3, 4, 5, 2]
+    assert s.num_drafts.tolist() == [2, 0] and s.sample_mask.tolist() == [True, True]
+    assert s.logits_indices.tolist() == [0, 1, 2, 3]
+    # both drafts rejected ("a" emits 6 in place of the first, its computed count rolls back to
+    # 4); the next step verifies none: the fast path, num_drafts still names every request
+    batch.append_tokens(np.array([batch.row_of["a"], batch.row_of["b"]]), np.array([6, 3]))
+    s = step(runner, so_of(cached=[CachedRequestData("a", [], 4), CachedRequestData("b", [], 3)],
+                           scheduled={"a": 1, "b": 1}))
+    assert s.num_drafts.tolist() == [0, 0] and s.logits_indices.tolist() == [0, 1]
+    assert s.input_ids.tolist() == [6, 3]
