@@ -496,7 +496,7 @@ class Scheduler:
             drafts = spec.get(rid) if spec else None
             if drafts:
                 self._roll_back_rejected(req, len(drafts), len(token_ids))
-            plp = self._new_prompt_logprobs(req, prompt_lps.get(rid))
+            plp = self._new_prompt_logprobs(req, prompt_lps.get(rid)) if prompt_lps else None
             if not token_ids:
                 if plp:
                     outputs.append(EngineCoreOutput(rid, [], prompt_logprobs=plp))
