@@ -263,6 +263,14 @@ def gather_logprobs(
     return LogprobsTensors(ids, lps, ranks)
 
 
+def _modifies_logits(md: SamplingMetadata) -> bool:
+    """Some row has a mask, bias or penalty that ``apply_logits_processors`` applies."""
+    return (
+        md.allowed_token_ids_mask is not None or md.token_bitmask is not None or md.bad_words_mask is not None
+        or md.min_tokens_mask is not None or md.logit_bias is not None or md.repetition_penalties is not None
+    )
+
+
 class Sampler(nn.Module):
     """The fixed pipeline described in the module docstring, over every row at once.
 
@@ -318,6 +326,10 @@ class Sampler(nn.Module):
         return apply_top_k_top_p(logits, md.top_k, md.top_p)
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        if md.all_greedy and md.max_num_logprobs is None and not _modifies_logits(md):
+            # Nothing would read the float32 copy: converting to float32 is exact, so the argmax
+            # of the model's logits is the same token (same order, same first maximum).
+            return SamplerOutput(logits.argmax(dim=-1), None)
         logits = logits.to(torch.float32, copy=True)
         logits = self.apply_logits_processors(logits, md)
         greedy = logits.argmax(dim=-1) if not md.all_random else None

@@ -76,6 +76,10 @@ class InputBatch:
         self.bad_words: list[list[list[int]] | None] = [None] * r
         self.min_tokens_stop_ids: list[np.ndarray] = [_EMPTY] * r
         self.num_min_tokens_stop_ids = np.zeros(r, dtype=np.int64)  # len(min_tokens_stop_ids[row])
+        # Rows that sample with their temperature alone (no seed, top-k/p, min-p, masks, bias,
+        # penalties, min_tokens stop ids or logprobs): a step of only such rows skips every
+        # per-feature check (the usual greedy or plain-random decode batch).
+        self.plain = np.zeros(r, dtype=bool)
 
     def __len__(self) -> int:
         return len(self.row_of)
@@ -134,6 +138,11 @@ class InputBatch:
             stop_ids.add(eos_token_id)
         self.min_tokens_stop_ids[row] = np.array(sorted(stop_ids), dtype=np.int64)
         self.num_min_tokens_stop_ids[row] = len(stop_ids)
+        self.plain[row] = not (
+            self.has_seed[row] or self.has_penalty[row] or self.has_allowed[row] or self.has_bias[row]
+            or self.has_bad_words[row] or self.top_k[row] > 0 or self.top_p[row] < 1.0 or self.min_p[row] > 0.0
+            or (self.min_tokens[row] > 0 and stop_ids) or self.num_logprobs[row] >= 0
+        )
 
     def remove_request(self, req_id: str) -> None:
         row = self.row_of.pop(req_id, None)
@@ -201,6 +210,11 @@ class InputBatch:
         Every optional field is None when no row of ``rows`` uses its feature.
         """
         dev = transfer.to_device
+        if self.plain[rows].all():  # what the full pass below gives for such rows
+            temps = self.temperature[rows]
+            greedy = temps == 0.0
+            return SamplingMetadata(temperature=dev(temps), all_greedy=bool(greedy.all()),
+                                    all_random=not bool(greedy.any()))
         temps, top_k, top_p, min_p = (a[rows] for a in (self.temperature, self.top_k, self.top_p, self.min_p))
         greedy = temps == 0.0
         num_out = self.num_tokens[rows] - self.num_prompt_tokens[rows]

@@ -298,3 +298,21 @@ def test_top_k_zero_and_minus_one_disable(top_k):
     batch = InputBatch(max_num_reqs=1, max_model_len=8, block_size=4)
     r = add(batch, "a", [1], [], top_k=top_k, temperature=1.0)
     assert batch.make_sampling_metadata(np.array([r]), 8, CPU_TRANSFER).top_k is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_all_greedy_without_processing_takes_the_argmax_of_the_model_logits(dtype):
+    """The all-greedy short cut (no mask, bias, penalty or logprobs) samples what the float32
+    pipeline samples, ties and -inf/NaN rows included."""
+    logits = torch.randn(8, 64, generator=torch.Generator().manual_seed(5)).to(dtype)
+    logits[1, 10] = logits[1, 20] = logits[1].max() + 1  # a tie: the first maximum wins
+    logits[2] = float("-inf")
+    logits[3, 7] = float("nan")
+    md = make_md([dict(temperature=0.0)] * 8)
+    out = Sampler()(logits, md)
+    assert out.sampled_token_ids.dtype == torch.int64 and out.logprobs is None
+    assert torch.equal(out.sampled_token_ids, logits.float().argmax(-1))
+    assert out.sampled_token_ids[1] == 10
+    # the full pipeline (a no-op logit bias forces it) agrees
+    md.logit_bias = (torch.tensor([0]), torch.tensor([0]), torch.tensor([0.0]))
+    assert torch.equal(Sampler()(logits, md).sampled_token_ids, out.sampled_token_ids)

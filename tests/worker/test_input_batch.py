@@ -96,3 +96,41 @@ def test_min_tokens_mask_leaves_out_rows_with_no_stop_token():
     assert b.make_sampling_metadata(np.array([free]), 10, CPU).min_tokens_mask is None
     rows, toks = b.make_sampling_metadata(np.array([free, stop]), 10, CPU).min_tokens_mask
     assert rows.tolist() == [1, 1, 1] and toks.tolist() == [2, 5, 6]
+
+
+def _fields(md):
+    out = {}
+    for k, v in vars(md).items():
+        if isinstance(v, torch.Tensor):
+            v = ("tensor", v.dtype, v.tolist())
+        elif isinstance(v, tuple):
+            v = tuple(x.tolist() if isinstance(x, torch.Tensor) else x for x in v)
+        elif isinstance(v, dict):
+            v = sorted(v)
+        out[k] = v
+    return out
+
+
+PLAIN = [SamplingParams(temperature=0), SamplingParams(temperature=0, seed=3), SamplingParams(temperature=0.7),
+         SamplingParams(temperature=0.5, min_tokens=4, ignore_eos=True), SamplingParams(top_p=1.0, top_k=-1)]
+SPECIAL = [SamplingParams(temperature=0.7, seed=3), SamplingParams(top_k=3), SamplingParams(top_p=0.9),
+           SamplingParams(min_p=0.1), SamplingParams(logprobs=0), SamplingParams(repetition_penalty=1.1),
+           SamplingParams(logit_bias={2: 1.0}), SamplingParams(allowed_token_ids=[1, 2]),
+           SamplingParams(bad_words=["x"]), SamplingParams(min_tokens=2)]
+
+
+@pytest.mark.parametrize("extra", [None, *SPECIAL])
+def test_plain_rows_take_the_short_path_with_the_same_metadata(extra):
+    """Rows that sample with their temperature alone skip the per-feature checks; the metadata
+    is field for field what the full pass gives. One row using any feature turns it off."""
+    b = InputBatch(max_num_reqs=8, max_model_len=32, block_size=4)
+    rows = [b.add_request(new(f"p{i}", [1, 2, 3], p, eos=2)) for i, p in enumerate(PLAIN)]
+    if extra is not None:
+        if extra.bad_words:
+            extra._bad_words_token_ids = [[5]]  # what the input processor fills in
+        rows.append(b.add_request(new("x", [1, 2, 3], extra, eos=2)))
+    rows = np.array(rows)
+    assert b.plain[rows].all() == (extra is None)
+    got = _fields(b.make_sampling_metadata(rows, 10, CPU))
+    b.plain[:] = False  # force the full pass
+    assert got == _fields(b.make_sampling_metadata(rows, 10, CPU))
