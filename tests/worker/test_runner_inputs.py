@@ -95,11 +95,11 @@ def test_logits_indices_without_drafts_match_the_draft_layout_with_none():
 
 def test_a_step_with_drafts_lays_out_every_verified_position(runner):
     p = SamplingParams(temperature=0)
-    step(runner, so_of([NewRequestData("a", [1, 2, 3], [], p, [1], 0),
-                        NewRequestData("b", [4, 5], [], p, [2], 0)], scheduled={"a": 3, "b": 2}))
+    step(runner, so_of([NewRequestData("a", [1, 2, 3], [], p, [[1]], 0),
+                        NewRequestData("b", [4, 5], [], p, [[2]], 0)], scheduled={"a": 3, "b": 2}))
     batch = runner.input_batch
     batch.append_tokens(np.array([batch.row_of["a"], batch.row_of["b"]]), np.array([9, 8]))
-    so = so_of(cached=[CachedRequestData("a", [], 3), CachedRequestData("b", [], 2)], scheduled={"a": 3, "b": 1})
+    so = so_of(cached=[CachedRequestData("a", [[]], 3), CachedRequestData("b", [[]], 2)], scheduled={"a": 3, "b": 1})
     so.scheduled_spec_decode_tokens = {"a": [6, 7]}
     s = step(runner, so)
     assert s.input_ids.tolist() == [9, 6, 7, 8] and s.positions.tolist() == [3, 4, 5, 2]
@@ -108,7 +108,7 @@ def test_a_step_with_drafts_lays_out_every_verified_position(runner):
     # both drafts rejected ("a" emits 6 in place of the first, its computed count rolls back to
     # 4); the next step verifies none: the fast path, num_drafts still names every request
     batch.append_tokens(np.array([batch.row_of["a"], batch.row_of["b"]]), np.array([6, 3]))
-    s = step(runner, so_of(cached=[CachedRequestData("a", [], 4), CachedRequestData("b", [], 3)],
+    s = step(runner, so_of(cached=[CachedRequestData("a", [[]], 4), CachedRequestData("b", [[]], 3)],
                            scheduled={"a": 1, "b": 1}))
     assert s.num_drafts.tolist() == [0, 0] and s.logits_indices.tolist() == [0, 1]
     assert s.input_ids.tolist() == [6, 3]
