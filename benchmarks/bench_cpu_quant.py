@@ -51,11 +51,12 @@ def make_kind(kind: str, shapes: list[tuple[int, int]], variant: str | None, see
             weights.append(w)
             nbytes += w.numel() * 2
             continue
-        bits, group = (8, k) if kind == "int8" else (4, int(kind.split("g")[1]))
+        base, _, opt = kind.partition("-")
+        bits, group = (8, k) if base == "int8" else (4, int(base.split("g")[1]))
         q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
         scales = torch.rand(n, k // group, generator=g) * 0.01
         zeros = torch.full((n, k // group), 1 << (bits - 1), dtype=torch.uint8)
-        p = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant)
+        p = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant, amx=opt != "noamx")
         weights.append(p)
         nbytes += p.nbytes
     return weights, nbytes
@@ -109,7 +110,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", default="1", help="comma-separated batch sizes (rows per step)")
     p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--kinds", default="bf16,int8,int4g128,int4g32", help="bf16, int8 (per-channel), int4g<group>")
+    p.add_argument("--kinds", default="bf16,int8,int4g128,int4g32",
+                   help="bf16, int8 (per-channel), int4g<group>; an int kind with the suffix -noamx keeps "
+                        "bf16 batches off the AMX path (where the CPU has AMX)")
     p.add_argument("--variant", default=None, help="kernel build to use (default: the selected one)")
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--intermediate", type=int, default=1536)

@@ -90,21 +90,7 @@ static inline F vexp(F x) {
 // ------------------------------------------------------------------------------------------
 // per-thread scratch (grown on demand, freed when the thread exits)
 
-struct TlsBuffer {
-  char* p = nullptr;
-  size_t cap = 0;
-  ~TlsBuffer() { free(p); }
-  // nullptr when the allocation fails (the caller reports it; nothing is computed)
-  char* get(size_t n) {
-    if (n > cap) {
-      free(p);
-      cap = n + (n >> 1);
-      p = (char*)aligned_alloc(64, (cap + 63) & ~(size_t)63);
-      if (p == nullptr) cap = 0;
-    }
-    return p;
-  }
-};
+#include "tls_buffer.h"  // struct TlsBuffer, in this ISA namespace
 static thread_local TlsBuffer tls_scratch;
 
 static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }

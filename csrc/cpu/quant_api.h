@@ -39,6 +39,7 @@ struct IntLinearArgs {
   int64_t m;
   int dtype;        // DType of x and out
   int num_threads;  // 0: the OpenMP runtime's current default
+  int allow_amx;    // 0: never the AMX path (comparisons); else where int_amx() and the shape allow
 };
 
 // out[k, n] = w[n, k] in `dtype` (the transposed weight, rows of o_stride >= n elements): the
@@ -55,6 +56,8 @@ struct QuantKernels {
   // nullptr on success, else why nothing was computed
   const char* (*int_linear)(const IntLinearArgs&);
   const char* (*int_dequant)(const IntDequantArgs&);
+  // whether int_linear runs bf16 batches of >= 5 rows with AMX on this CPU
+  bool (*int_amx)();
 };
 
 }  // namespace octavo

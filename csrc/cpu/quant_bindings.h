@@ -48,7 +48,7 @@ inline IntWeights int_weights(const char* fn, py::handle weight, py::handle scal
 
 inline IntLinearArgs int_linear_args(py::handle x, py::handle weight, py::handle scales, py::handle zeros,
                                      py::handle out, int n, int k, int group, int bits, py::handle bias,
-                                     int num_threads) {
+                                     int num_threads, bool allow_amx) {
   const char* fn = "int_linear";
   IntLinearArgs a{};
   a.w = int_weights(fn, weight, scales, zeros, n, k, group, bits);
@@ -71,6 +71,7 @@ inline IntLinearArgs int_linear_args(py::handle x, py::handle weight, py::handle
   a.m = xv.size[0];
   a.dtype = xv.dtype;
   a.num_threads = num_threads;
+  a.allow_amx = allow_amx ? 1 : 0;
   return a;
 }
 
@@ -96,15 +97,18 @@ inline void register_quant(py::module_& m) {
   static const octavo::QuantKernels* qk = octavo::OCTAVO_ISA_NS::quant_kernels();
   m.def("int_linear",
         [](py::handle x, py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k,
-           int group, int bits, py::handle bias, int num_threads) {
+           int group, int bits, py::handle bias, int num_threads, bool allow_amx) {
           const octavo::IntLinearArgs a = octavo::bind::int_linear_args(x, weight, scales, zeros, out, n, k, group,
-                                                                        bits, bias, num_threads);
+                                                                        bits, bias, num_threads, allow_amx);
           run_checked("int_linear", qk->int_linear, a);
         },
         py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
         py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
-        py::arg("num_threads") = 0,
-        "out [M, n] = x [M, k] @ dequant(weight).T (+ bias) for packed INT8 / INT4 weights (quant_api.h).");
+        py::arg("num_threads") = 0, py::arg("allow_amx") = true,
+        "out [M, n] = x [M, k] @ dequant(weight).T (+ bias) for packed INT8 / INT4 weights (quant_api.h); "
+        "bf16 batches of >= 5 rows run on AMX where int_amx() (allow_amx=False: never).");
+  m.def("int_amx", [] { return qk->int_amx(); },
+        "Whether int_linear runs bf16 batches of >= 5 rows on AMX on this CPU (any number of rows).");
   m.def("int_dequant",
         [](py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k, int group,
            int bits, int num_threads) {

@@ -10,6 +10,7 @@
 // Batch > 1 (GEMM): per tile and block of kMR rows, each weight vector is dequantized once,
 //   w = (q - z) * s exactly as the reference does, and reused by every row of the block.
 // Work items are runs of whole tiles (contiguous weights), handed out dynamically.
+// Batches of >= 5 bf16 rows on a CPU with AMX: quant_amx.h.
 // No std:: templates (several ISA variants may share one binary).
 #pragma once
 
@@ -20,6 +21,16 @@
 #include "api.h"
 #include "quant_api.h"
 #include "scalar_convert.h"
+
+// AMX batches (quant_amx.h): only in the AVX512-BF16 build, on x86-64 Linux (tile-state permission)
+#if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
+#define OCTAVO_QUANT_AMX 1
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define OCTAVO_QUANT_AMX 0
+#endif
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
@@ -305,8 +316,14 @@ static const char* check_weights(const IntWeights& w) {
   return nullptr;
 }
 
+#include "tls_buffer.h"  // struct TlsBuffer, in this ISA namespace
+#include "quant_amx.h"
+
 template <int DT>
 static const char* linear_dt(const IntLinearArgs& a) {
+#if OCTAVO_QUANT_AMX
+  if (DT == kBFloat16 && amx_applies(a)) return amx_linear(a);
+#endif
   const int64_t kp = (a.w.k + 1) & ~(int64_t)1;
   const int G = n_groups(a.w);
   float* buf = (float*)malloc(sizeof(float) * (size_t)(a.m * (kp + G)));
@@ -405,9 +422,19 @@ static const char* int_dequant(const IntDequantArgs& a) {
   return nullptr;
 }
 
+// Whether int_linear runs bf16 batches of >= 5 rows on AMX here (any number of rows; groups of
+// a multiple of 32, or one group per row).
+static bool int_amx() {
+#if OCTAVO_QUANT_AMX
+  return quant::amx_ready();
+#else
+  return false;
+#endif
+}
+
 // The table this ISA's quantized-linear translation unit exports (quant_kernels.cpp).
 const QuantKernels* quant_kernels() {
-  static const QuantKernels table = {kIsaName, &int_linear, &int_dequant};
+  static const QuantKernels table = {kIsaName, &int_linear, &int_dequant, &int_amx};
   return &table;
 }
 

@@ -33,7 +33,8 @@ def add_backend_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--threads", type=int, default=None,
-        help="torch.set_num_threads for both backends (default: torch's choice)",
+        help="compute threads for both backends (default: torch's choice; octavo: one per core). "
+             "Unless OCTAVO_CPU_THREADS_BIND is set, octavo's threads are pinned to the first N cores",
     )
     parser.add_argument(
         "--repeats", type=int, default=1,
@@ -52,7 +53,15 @@ def setup_run(args: argparse.Namespace) -> dict[str, Any]:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1; got {args.threads}")
         torch.set_num_threads(args.threads)
-    facts: dict[str, Any] = {"torch_num_threads": torch.get_num_threads()}
+        if "OCTAVO_CPU_THREADS_BIND" not in os.environ:
+            # the engine sizes its team from this (default auto: every core), so say N here
+            from octavo.platforms.cpu_threads import plan_cpus
+
+            cores = plan_cpus("auto")
+            spec = ",".join(map(str, cores[: args.threads])) if args.threads <= len(cores) else "none"
+            os.environ["OCTAVO_CPU_THREADS_BIND"] = spec
+    facts: dict[str, Any] = {"torch_num_threads": torch.get_num_threads(),
+                             "cpu_threads_bind": os.environ.get("OCTAVO_CPU_THREADS_BIND", "auto")}
     if hasattr(os, "getloadavg"):
         facts["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
     return facts

@@ -83,9 +83,10 @@ class CpuPlatform(Platform):
 
     @classmethod
     def auto_kvcache_space_bytes(cls, config) -> int:
-        """What ``max_num_seqs`` sequences of ``max_model_len`` tokens need (whole blocks),
-        at most half the memory available now, and never less than one full-length sequence
-        (so a too-small machine fails with the cache-size error that names the flags)."""
+        """What ``max_num_seqs`` sequences of ``max_model_len`` tokens need (whole blocks, plus
+        the null block 0 that holds no sequence's tokens), at most half the memory available now,
+        and never less than one full-length sequence (so a too-small machine fails with the
+        cache-size error that names the flags)."""
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         elem = torch.empty((), dtype=mc.dtype).element_size() if cc.kv_cache_dtype == "auto" else 1
         # Layer pages a token costs: every layer, or every group slot when layers form several
@@ -95,8 +96,9 @@ class CpuPlatform(Platform):
         per_token = 2 * pages * mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         per_token *= mc.head_size * elem
         blocks_per_seq = -(-sc.max_model_len // cc.block_size)
-        one_seq = blocks_per_seq * cc.block_size * per_token
-        want = sc.max_num_seqs * one_seq
+        block = cc.block_size * per_token
+        one_seq = (blocks_per_seq + 1) * block
+        want = (sc.max_num_seqs * blocks_per_seq + 1) * block
         free, _ = cls.mem_get_info()
         return max(one_seq, min(want, free // 2))
 

@@ -111,3 +111,26 @@ def test_bench_errors_are_clear(llama_dir, capsys):
               "--max-model-len", "128", "--disable-tqdm")
     assert rc == 2
     assert "max_model_len" in capsys.readouterr().err
+
+
+def test_threads_flag_sizes_the_engine_team(monkeypatch):
+    """--threads N also tells the engine's placement (default: every core) to use N cores."""
+    import argparse
+    import os
+
+    import torch
+
+    from octavo.benchmarks.common import setup_run
+    from octavo.platforms.cpu_threads import plan_cpus
+
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OCTAVO_CPU_THREADS_BIND", raising=False)
+    try:
+        facts = setup_run(argparse.Namespace(threads=1))
+        assert os.environ["OCTAVO_CPU_THREADS_BIND"] == str(plan_cpus("auto")[0])
+        assert facts["torch_num_threads"] == 1 and plan_cpus(os.environ["OCTAVO_CPU_THREADS_BIND"]) == plan_cpus("auto")[:1]
+        monkeypatch.setenv("OCTAVO_CPU_THREADS_BIND", "none")  # the user's setting wins
+        setup_run(argparse.Namespace(threads=1))
+        assert os.environ["OCTAVO_CPU_THREADS_BIND"] == "none"
+    finally:
+        torch.set_num_threads(before)

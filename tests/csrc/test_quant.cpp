@@ -110,6 +110,7 @@ static void run_case(const QuantKernels* qk, const Case& c) {
   a.m = c.m;
   a.dtype = c.dtype;
   a.num_threads = 2;
+  a.allow_amx = 1;  // as the Python wrapper: bf16 batches of >= 5 rows on AMX where the CPU has it
   if (const char* err = qk->int_linear(a)) {
     printf("  FAIL n=%d k=%d: %s\n", c.n, c.k, err);
     ++failures;

@@ -25,16 +25,30 @@ def test_default_space_is_what_the_workload_can_use(monkeypatch, llama_dir, cpu_
     monkeypatch.delenv("OCTAVO_CPU_KVCACHE_SPACE", raising=False)
     cfg = _config(monkeypatch, llama_dir, max_model_len=200, max_num_seqs=3, block_size=16)
     blocks_per_seq = -(-200 // 16)
-    want = 3 * blocks_per_seq * 16 * _per_token_bytes(cfg)
+    want = (3 * blocks_per_seq + 1) * 16 * _per_token_bytes(cfg)  # + the null block
     assert cfg.cache_config.cpu_kvcache_space_bytes == want
     assert "auto" in CpuPlatform.describe()["kv cache space"]
+
+
+def test_default_space_holds_max_num_seqs_full_length_sequences(monkeypatch, llama_dir, cpu_platform):
+    """The null block does not count: one sequence of max_model_len = 256 tokens (16 blocks) fits."""
+    monkeypatch.delenv("OCTAVO_CPU_KVCACHE_SPACE", raising=False)
+    llm = LLM(model=llama_dir, max_model_len=256, max_num_seqs=1, block_size=16)
+    try:
+        core = llm.llm_engine.core
+        assert core.scheduler.max_seq_len == 256  # no "fewer than max_model_len" cut
+        out = llm.generate([{"prompt_token_ids": [5] * 128}],
+                           SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 128
+    finally:
+        llm.llm_engine.core.shutdown()
 
 
 def test_default_space_is_bounded_by_free_memory(monkeypatch, llama_dir, cpu_platform):
     monkeypatch.delenv("OCTAVO_CPU_KVCACHE_SPACE", raising=False)
     monkeypatch.setattr(CpuPlatform, "mem_get_info", classmethod(lambda cls, device_id=None: (10 << 20, 64 << 30)))
     cfg = _config(monkeypatch, llama_dir, max_model_len=128, max_num_seqs=4096, block_size=16)
-    one_seq = 128 * _per_token_bytes(cfg)
+    one_seq = (128 + 16) * _per_token_bytes(cfg)  # + the null block
     assert cfg.cache_config.cpu_kvcache_space_bytes == max(one_seq, 5 << 20)
 
 

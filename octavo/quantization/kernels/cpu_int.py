@@ -10,9 +10,13 @@ per pair of k for 4-bit, two codes a byte), scales and zero points per tile and 
 float32 and rounding once to x's dtype: for up to ``GEMM_MAX_ROWS`` rows in the C++ GEMV/GEMM
 (weights decoded in registers, reused by a block of rows), beyond that by dequantizing a block
 of tiles at a time into a cache-sized buffer in x's dtype (C++) and multiplying each block with
-torch's BLAS (prefill batches are compute-bound, and the BLAS has the better micro-kernel --
-AMX / AVX512-BF16 where the CPU has them); the weight is still read from memory as codes only. The ISA variant is the one ``octavo.cpu_isa`` selects
-(``OCTAVO_CPU_ISA`` forces one), fixed per packed weight at prepack time.
+torch's BLAS (prefill batches are compute-bound, and the BLAS has the better micro-kernel); the
+weight is still read from memory as codes only. Where the CPU has AMX (``PackedInt.amx``), bf16
+batches of 5 rows and more -- any number of them -- run in C++ instead: each thread dequantizes
+its weight tiles once into a cache-resident bf16 buffer and multiplies on the AMX tiles, the
+scales applied per group in fp32 (exact weight-only semantics; ``csrc/cpu/quant_amx.h``).
+The ISA variant is the one ``octavo.cpu_isa`` selects (``OCTAVO_CPU_ISA`` forces one), fixed
+per packed weight at prepack time.
 
 Importing this module raises ``ImportError`` when the C++ extension is not available, so the
 kernel selection can fall back to the torch reference with the reason.
@@ -31,6 +35,7 @@ TILE = 32  # output channels per tile (kQuantTile in quant_api.h)
 # Rows above which the weight is dequantized block by block and multiplied by torch's BLAS.
 GEMM_MAX_ROWS = 40
 BLAS_BLOCK_BYTES = 1 << 20  # one dequantized block of tiles (stays in L2)
+AMX_K = 32  # the AMX path needs groups of a multiple of this (or one group per row)
 
 cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
 
@@ -51,6 +56,7 @@ class PackedInt:
     group: int
     bits: int
     ext: ModuleType
+    amx: bool = False  # bf16 batches of >= 5 rows run on AMX (any M; no BLAS path)
 
     @property
     def nbytes(self) -> int:
@@ -91,11 +97,12 @@ def _tiles(t: torch.Tensor, n_pad: int) -> torch.Tensor:
 
 
 def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
-                *, variant: str | None = None) -> PackedInt:
+                *, variant: str | None = None, amx: bool = True) -> PackedInt:
     """Repack a canonical INT8 / INT4 weight for ``int_linear`` (once, at load).
 
     ``variant`` names a kernel build (``avx512_bf16``, ``avx2``, ...) instead of the selected one
-    (tests and benchmarks compare them); the caller makes sure this CPU runs it.
+    (tests and benchmarks compare them); the caller makes sure this CPU runs it. ``amx=False``
+    keeps bf16 batches off the AMX path even where the CPU has it (comparisons).
     """
     group = _check(q, scales, zeros, bits)
     n, k = q.shape
@@ -111,6 +118,7 @@ def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits
         scales=_tiles(scales.cpu().to(torch.float32), n_pad),
         zeros=_tiles(zeros.cpu().to(torch.float32), n_pad),
         n=n, k=k, group=group, bits=bits, ext=ext,
+        amx=amx and ext.int_amx() and (group == k or group % AMX_K == 0),
     )
 
 
@@ -148,7 +156,7 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     x2 = x.reshape(-1, packed.k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if x2.shape[0] > GEMM_MAX_ROWS:
+    if x2.shape[0] > GEMM_MAX_ROWS and not (packed.amx and x2.dtype == torch.bfloat16):
         y = _blas_linear(x2, packed).contiguous()
         if bias is not None:
             y += bias.to(x.dtype)
@@ -156,5 +164,5 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         bias = bias.to(torch.float32).contiguous()
     out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
-    packed.ext.int_linear(x=x2, out=out, bias=bias, **packed._kw())
+    packed.ext.int_linear(x=x2, out=out, bias=bias, allow_amx=packed.amx, **packed._kw())
     return out.view(*x.shape[:-1], packed.n)

@@ -4,7 +4,8 @@ Every ISA variant this machine runs and this installation has is tested (the pla
 too where the CPU also has avx512_bf16), over shapes that are not multiples of the 32-channel
 tile (N) nor of anything but the group (K; odd K per-channel), group sizes 32/64/128 and
 per-channel, symmetric and asymmetric zero points, M = 1..33 (the GEMV, every remainder of the
-GEMM row blocks) and beyond (the dequantize + BLAS path), bf16 / fp32 / fp16 activations.
+GEMM row blocks) and beyond (the dequantize + BLAS path, or on a CPU with AMX the AMX path for
+bf16 batches of >= 5 rows), bf16 / fp32 / fp16 activations.
 Variants this machine cannot run (NEON) are compile-checked by ``nox -s test-cpu-isa``.
 """
 
@@ -93,7 +94,7 @@ def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
     n, k = 130, 448  # 5 tiles: blocks of 2, 2 and a partial 1
     monkeypatch.setattr(cpu_int, "BLAS_BLOCK_BYTES", block_tiles * k * 4 * cpu_int.TILE)
     q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=4)
-    packed = cpu_int.prepack_int(q, scales, zeros, bits)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, amx=False)
     w = reference(torch.eye(k), q, scales, zeros).T
     bias = torch.randn(n)
     for dtype in (torch.float32, torch.bfloat16):
@@ -104,6 +105,45 @@ def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
         y = cpu_int.int_linear(x, packed, bias)
         assert y.shape == (m, n) and y.dtype == dtype and y.is_contiguous()
         assert rel_err(y, reference(x, q, scales, zeros, bias)) < tol
+
+
+AMX_VARIANTS = [v for v in VARIANTS if cpu_isa.load_variant(v).int_amx()]
+AMX_ROWS = [5, 16, 17, 31, 32, 33, 40, 41, 64, 100]
+
+
+@pytest.mark.skipif(not AMX_VARIANTS, reason="no kernel variant runs AMX on this CPU")
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("shape", [*SHAPES, (1000, 1536, 32)], ids=lambda s: f"n{s[0]}k{s[1]}g{s[2] or 'row'}")
+def test_amx_batches_match_reference(bits, sym, shape):
+    """bf16 batches of >= 5 rows on AMX, for any number of rows (past GEMM_MAX_ROWS too: no BLAS),
+    several 32-row blocks, a partial last block, bias, strided rows; close to the register path."""
+    n, k, group = shape
+    q, scales, zeros = make_weight(n, k, group, bits, sym, seed=6)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=AMX_VARIANTS[0])
+    plain = cpu_int.prepack_int(q, scales, zeros, bits, variant=AMX_VARIANTS[0], amx=False)
+    assert packed.amx and not plain.amx
+    g = torch.Generator().manual_seed(7)
+    bias = torch.randn(n, generator=g)
+    for m in AMX_ROWS:
+        x = torch.randn(m, k + 8, generator=g).to(torch.bfloat16)[:, 3:3 + k]  # row stride k + 8
+        ref = reference(x, q, scales, zeros, bias)
+        y = cpu_int.int_linear(x, packed, bias)
+        assert y.shape == (m, n) and y.dtype == torch.bfloat16
+        assert rel_err(y, ref) < TOL[torch.bfloat16], f"M={m}: relative error {rel_err(y, ref):.2e}"
+        if m <= cpu_int.GEMM_MAX_ROWS:  # both fp32 sums of exact products, rounded once to bf16
+            assert rel_err(y, cpu_int.int_linear(x, plain, bias).float()) < 8e-3
+
+
+@pytest.mark.skipif(not AMX_VARIANTS, reason="no kernel variant runs AMX on this CPU")
+def test_amx_needs_groups_of_32():
+    """Groups that are not a multiple of 32 (nor one per row) stay on the register GEMM / BLAS."""
+    q, scales, zeros = make_weight(64, 320, 16, 8, sym=False, seed=8)
+    packed = cpu_int.prepack_int(q, scales, zeros, 8, variant=AMX_VARIANTS[0])
+    assert not packed.amx
+    for m in (8, cpu_int.GEMM_MAX_ROWS + 3):
+        x = torch.randn(m, 320).to(torch.bfloat16)
+        assert rel_err(cpu_int.int_linear(x, packed), reference(x, q, scales, zeros)) < 2e-2
 
 
 def test_threads_do_not_change_the_result():
