@@ -138,12 +138,17 @@ class SpeculativeConfig:
     """``--speculative-config`` (vLLM's keys). ``method`` ``ngram``: propose up to
     ``num_speculative_tokens`` tokens by matching the last ``n`` tokens
     (``prompt_lookup_min <= n <= prompt_lookup_max``, longest first) against the prompt and
-    output so far. Built and validated by ``octavo.spec_decode.config``."""
+    output so far. ``draft_model``: a smaller checkpoint with the target's vocabulary
+    (``model``, a local folder once resolved) proposes them greedily; its ``ModelConfig`` is
+    ``draft_model_config``. Built and validated by ``octavo.spec_decode.config`` and
+    ``EngineArgs``."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 1
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
+    model: str | None = None
+    draft_model_config: ModelConfig | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from octavo.config import (
     OctavoConfig,
     ParallelConfig,
     SchedulerConfig,
+    SpeculativeConfig,
     StructuredOutputsConfig,
 )
 from octavo.core.block_hash import get_hash_function
@@ -38,6 +39,7 @@ from octavo.engine.model_files import (
 from octavo.platforms import current_platform
 from octavo.quantization import checkpoint_method, resolve_quantization
 from octavo.spec_decode.config import parse_speculative_config
+from octavo.spec_decode.draft_check import check_same_tokenizer, check_same_vocab
 from octavo.utils.extras import require_extra
 
 logger = logging.getLogger(__name__)
@@ -142,7 +144,7 @@ class EngineArgs:
     guided_decoding_backend: str | None = None
     """Older name of the structured outputs backend (auto or xgrammar)."""
     speculative_config: str | dict | None = None
-    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5}. Turns async scheduling off."""
+    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5} or {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": k} (a smaller checkpoint with the same tokenizer). Turns async scheduling off."""
     reasoning_parser: str | None = None
     """Split <think>...</think> into reasoning_content (deepseek_r1 or qwen3); structured outputs apply after it."""
 
@@ -191,9 +193,10 @@ class EngineArgs:
         """Validate every flag, read the checkpoint, and apply the platform's policy."""
         self._validate()
         model_config = self._model_config()
+        cache_config = self._cache_config(model_config)
         config = OctavoConfig(
             model_config=model_config,
-            cache_config=self._cache_config(model_config),
+            cache_config=cache_config,
             scheduler_config=self._scheduler_config(model_config.max_model_len),
             device_config=DeviceConfig(device=current_platform.device_type),
             parallel_config=ParallelConfig(
@@ -204,9 +207,52 @@ class EngineArgs:
             ),
             enforce_eager=self.enforce_eager,
             structured_outputs_config=self._structured_outputs_config(),
-            speculative_config=parse_speculative_config(self.speculative_config),
+            speculative_config=self._speculative_config(model_config, cache_config),
         )
         return current_platform.check_and_update_config(config)
+
+    def _speculative_config(self, target: ModelConfig, cache: CacheConfig) -> SpeculativeConfig | None:
+        """``--speculative-config`` parsed; for ``draft_model`` the draft checkpoint resolved,
+        checked against the target and given its own ``ModelConfig``."""
+        cfg = parse_speculative_config(self.speculative_config)
+        if cfg is None or cfg.method != "draft_model":
+            return cfg
+        name = flag("speculative_config")
+        for ok, what in (
+            (target.model_impl == "octavo", "--model-impl onnxruntime"),
+            (self.tensor_parallel_size == 1, "--tensor-parallel-size > 1"),
+        ):
+            if not ok:
+                raise ValueError(f"{name}: method 'draft_model' is not supported with {what}")
+        draft_dir = resolve_model_path(cfg.model, None, self.download_dir)
+        hf_config, arch = load_hf_config(draft_dir)
+        check_same_vocab(target.hf_config, hf_config, target.model, draft_dir)
+        self._check_draft(hf_config, draft_dir, target)
+        draft = dataclasses.replace(
+            target, model=draft_dir, tokenizer=draft_dir, architecture=arch, hf_config=hf_config,
+            served_model_name=cfg.model, sampling_defaults={}, quantization=None,
+        )
+        return dataclasses.replace(cfg, model=draft_dir, draft_model_config=draft)
+
+    def _check_draft(self, hf_config: Any, draft_dir: str, target: ModelConfig) -> None:
+        """What octavo's draft runner needs of the checkpoint (errors name the problem)."""
+        from octavo.models.length_rope import length_rope
+
+        name = flag("speculative_config")
+        if getattr(hf_config, "quantization_config", None) is not None:
+            raise ValueError(f"{name}: the draft model {draft_dir} is quantized; octavo runs unquantized drafts only")
+        if context_limit(hf_config) < target.max_model_len:
+            raise ValueError(
+                f"{name}: the draft model {draft_dir} has a context of {context_limit(hf_config)} tokens, "
+                f"less than {flag('max_model_len')} {target.max_model_len}; lower --max-model-len"
+            )
+        if length_rope(hf_config, target.max_model_len) is not None:
+            raise ValueError(f"{name}: the draft model {draft_dir}'s RoPE depends on the sequence length; "
+                             "octavo drafts with fixed-RoPE models only")
+        if has_tokenizer(draft_dir) and has_tokenizer(target.tokenizer):
+            from octavo.engine.tokenizer import load_tokenizer
+
+            check_same_tokenizer(load_tokenizer(target.tokenizer), load_tokenizer(draft_dir), draft_dir)
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
         """From --structured-outputs-config (JSON or a dict), --guided-decoding-backend and
@@ -428,6 +474,13 @@ class EngineArgs:
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def has_tokenizer(folder: str) -> bool:
+    """A checkpoint folder that carries its own tokenizer files."""
+    return os.path.isdir(folder) and any(
+        os.path.exists(os.path.join(folder, f)) for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    )
 
 
 def context_limit(hf_config: Any) -> int:

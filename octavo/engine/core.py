@@ -29,6 +29,7 @@ from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request, RequestStatus
 from octavo.core.scheduler import Scheduler
 from octavo.core.scheduler_output import SchedulerOutput
+from octavo.spec_decode.proposer import make_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class EngineCore:
         )
         self.structured_outputs = _make_structured_output_manager(config)
         self.async_scheduling = sc.async_scheduling and self.executor.supports_async_scheduling
-        self.proposer = _make_proposer(config)
+        self.proposer = make_proposer(config.speculative_config, self.executor)
         if self.proposer is not None and self.async_scheduling:
             logger.info("speculative decoding: async scheduling turned off (drafts need the previous step's tokens)")
             self.async_scheduling = False
@@ -134,6 +135,9 @@ class EngineCore:
         """Draft tokens for every running request that decodes next step (not for grammar-
         constrained ones: their bitmask covers one position per step)."""
         sched = self.scheduler
+        if sched.kv_key_fn is not None:  # length-dependent RoPE: the scheduler drafts nothing
+            return
+        reqs, rooms = [], []
         for req in sched.running:
             if req.num_computed_tokens != req.num_tokens - 1 or req.structured_output_request is not None:
                 continue
@@ -141,7 +145,10 @@ class EngineCore:
             if req.max_tokens is not None:
                 room = min(room, req.max_tokens - req.num_output_tokens - 1)
             if room > 0:
-                req.spec_token_ids = self.proposer.propose(req.all_token_ids, room)
+                reqs.append(req)
+                rooms.append(room)
+        for req, drafts in zip(reqs, self.proposer.propose_batch(reqs, rooms), strict=True):
+            req.spec_token_ids = drafts
 
     def _schedule(self) -> SchedulerOutput:
         """``Scheduler.schedule`` plus the grammar bitmask of the structured requests that sample."""
@@ -179,18 +186,6 @@ class EngineCore:
 
     def stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
-
-
-def _make_proposer(config: OctavoConfig):
-    """The draft proposer of ``speculative_config`` (None when speculation is off)."""
-    spec = config.speculative_config
-    if spec is None:
-        return None
-    from octavo.spec_decode.ngram_proposer import NgramProposer
-
-    logger.info("speculative decoding: %s, %d draft tokens, n-gram %d..%d", spec.method,
-                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max)
-    return NgramProposer(spec)
 
 
 def _make_structured_output_manager(config: OctavoConfig):

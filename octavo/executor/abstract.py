@@ -33,6 +33,10 @@ class Executor:
 
         return ReadyStep(self.execute_model(so))
 
+    def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]]:
+        """Draft-model proposals: up to ``num_drafts[req_id]`` drafts per request."""
+        raise NotImplementedError
+
     def check_health(self) -> None:
         """Raise ``WorkerDiedError`` if any worker is gone."""
 
@@ -60,3 +64,6 @@ class DistributedExecutor(Executor):
 
         out = self._call("execute_model", serial.encode_scheduler_output(so))[0]
         return serial.decode_runner_output(out)
+
+    def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]]:
+        return self._call("propose_drafts", num_drafts)[0]

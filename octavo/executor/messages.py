@@ -22,6 +22,8 @@ def handle_call(worker: Any, method: str, arg: Any) -> Any:
     if method == "initialize_kv_cache":
         worker.initialize_kv_cache(arg)
         return None
+    if method == "propose_drafts":
+        return worker.propose_drafts(arg)
     if method == "info":
         return worker.info()
     raise ValueError(f"unknown worker method {method!r}")

@@ -31,5 +31,8 @@ class UniProcExecutor(Executor):
     def execute_model(self, so):
         return self.worker.execute_model(so)
 
+    def propose_drafts(self, num_drafts):
+        return self.worker.propose_drafts(num_drafts)
+
     def execute_model_async(self, so):
         return self.worker.runner.execute_model_async(so)

@@ -3,6 +3,11 @@
 Only what octavo runs is accepted: a method or key it does not honour is an error naming
 it (never silently ignored). vLLM's defaults for the n-gram window: both bounds unset -> 5;
 one set -> the other takes its value.
+
+The method is inferred as vLLM infers it when ``method`` is left out: ``model`` ``"ngram"`` (or
+``"[ngram]"``) means prompt lookup, any other ``model`` a draft model (``draft_model``), unless
+the checkpoint name says EAGLE (``eagle-``/``eagle3-``), which octavo does not run. The draft
+model's folder is resolved and checked against the target (same vocabulary) by ``EngineArgs``.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ from typing import Any
 from octavo.config import SpeculativeConfig
 
 FLAG = "--speculative-config"
-SUPPORTED_METHODS = ("ngram",)
+SUPPORTED_METHODS = ("ngram", "draft_model")
 # vLLM methods octavo does not run (yet): named in the error so the user knows it is not a typo.
-KNOWN_UNSUPPORTED_METHODS = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
-KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+KNOWN_UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
+# The keys each method reads (another known key given with it is an error naming it).
+METHOD_KEYS = {
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "draft_model": ("model",),
+}
 # vLLM keys that only apply to methods octavo does not run, or tuning octavo does not have.
 KNOWN_UNSUPPORTED_KEYS = (
-    "model", "draft_tensor_parallel_size", "quantization", "max_model_len", "revision",
+    "draft_tensor_parallel_size", "quantization", "max_model_len", "revision",
     "code_revision", "disable_by_batch_size", "disable_logprobs", "disable_padded_drafter_batch",
     "speculative_token_tree", "parallel_drafting", "enforce_eager",
 )
@@ -47,13 +57,36 @@ def _check_keys(d: dict[str, Any]) -> None:
         raise ValueError(f"{FLAG}: unknown keys {unknown}; known: {list(KNOWN_KEYS)}")
 
 
+def _infer_method(d: dict[str, Any]) -> Any:
+    """vLLM's rule when ``method`` is left out: from ``model`` (see the module docstring)."""
+    method, model = d.get("method"), d.get("model")
+    if method is not None or model is None:
+        return method
+    if model in ("ngram", "[ngram]"):
+        d.pop("model")
+        return "ngram"
+    name = str(model).lower()
+    return "eagle" if "eagle-" in name or "eagle3-" in name else "draft_model"
+
+
 def _check_method(method: Any) -> str:
     if method in SUPPORTED_METHODS:
         return method
     if method is None:
-        raise ValueError(f"{FLAG}: 'method' is required (supported: {list(SUPPORTED_METHODS)})")
+        raise ValueError(f"{FLAG}: 'method' is required (or a draft 'model') (supported: {list(SUPPORTED_METHODS)})")
     what = "is not supported by octavo" if method in KNOWN_UNSUPPORTED_METHODS else "is unknown"
     raise ValueError(f"{FLAG}: method {method!r} {what}; supported: {list(SUPPORTED_METHODS)}")
+
+
+def _check_method_keys(d: dict[str, Any], method: str) -> None:
+    """Keys of another method are refused (never silently ignored)."""
+    foreign = sorted(k for k in KNOWN_KEYS if k not in ("method", "num_speculative_tokens", *METHOD_KEYS[method])
+                     and d.get(k) is not None)
+    if foreign:
+        raise ValueError(f"{FLAG}: keys {foreign} do not apply to method {method!r}; it reads "
+                         f"{['num_speculative_tokens', *METHOD_KEYS[method]]}")
+    if method == "draft_model" and not isinstance(d.get("model"), str):
+        raise ValueError(f"{FLAG}: method 'draft_model' needs 'model': the draft checkpoint (a folder or a Hub id)")
 
 
 def _positive_int(d: dict[str, Any], key: str, minimum: int) -> None:
@@ -62,16 +95,7 @@ def _positive_int(d: dict[str, Any], key: str, minimum: int) -> None:
         raise ValueError(f"{FLAG}: {key} must be an integer >= {minimum}; got {v!r}")
 
 
-def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | None:
-    """The validated config, or None when speculative decoding is off (no value)."""
-    d = _as_dict(value)
-    if d is None:
-        return None
-    _check_keys(d)
-    method = _check_method(d.get("method"))
-    if d.get("num_speculative_tokens") is None:
-        raise ValueError(f"{FLAG}: num_speculative_tokens is required for method {method!r}")
-    _positive_int(d, "num_speculative_tokens", 1)
+def _ngram_window(d: dict[str, Any]) -> None:
     lo, hi = d.get("prompt_lookup_min"), d.get("prompt_lookup_max")
     if lo is None and hi is None:
         lo = hi = 5
@@ -84,12 +108,32 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
             f"{FLAG}: prompt_lookup_max ({d['prompt_lookup_max']}) must be >= prompt_lookup_min "
             f"({d['prompt_lookup_min']})"
         )
+
+
+def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | None:
+    """The validated config, or None when speculative decoding is off (no value).
+
+    For ``draft_model`` the result's ``model`` is the name as given; ``EngineArgs`` resolves
+    it and attaches the draft's ``ModelConfig``."""
+    d = _as_dict(value)
+    if d is None:
+        return None
+    _check_keys(d)
+    method = _check_method(_infer_method(d))
+    _check_method_keys(d, method)
+    if d.get("num_speculative_tokens") is None:
+        raise ValueError(f"{FLAG}: num_speculative_tokens is required for method {method!r}")
+    _positive_int(d, "num_speculative_tokens", 1)
+    if method == "ngram":
+        _ngram_window(d)
+    else:
+        d.pop("prompt_lookup_min", None), d.pop("prompt_lookup_max", None)
     d["method"] = method
-    return SpeculativeConfig(**d)
+    return SpeculativeConfig(**{k: v for k, v in d.items() if v is not None})
 
 
 def speculative_config_dict(cfg: SpeculativeConfig | None) -> dict[str, Any] | None:
     """The JSON-able form (what a tensor-parallel worker receives)."""
     if cfg is None:
         return None
-    return {k: getattr(cfg, k) for k in KNOWN_KEYS}
+    return {k: getattr(cfg, k) for k in ("method", "num_speculative_tokens", *METHOD_KEYS[cfg.method])}

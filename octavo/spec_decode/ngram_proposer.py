@@ -14,9 +14,12 @@ Python loop over the history.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from octavo.config import SpeculativeConfig
+from octavo.core.request import Request
 
 
 class NgramProposer:
@@ -36,6 +39,10 @@ class NgramProposer:
         if end < 0:
             return []
         return t[end + 1 : end + 1 + k].tolist()
+
+    def propose_batch(self, requests: Sequence[Request], max_tokens: Sequence[int]) -> list[list[int]]:
+        """The proposer interface the engine calls once per step: drafts for each request."""
+        return [self.propose(r.all_token_ids, m) for r, m in zip(requests, max_tokens, strict=True)]
 
 
 def longest_match_end(t: np.ndarray, min_n: int, max_n: int) -> int:

@@ -98,6 +98,12 @@ class ModelRunner:
         self.graph_runner = None
         # Async scheduling: launched steps not yet resulted (at most one when launching).
         self._unresulted: list[StepHandle] = []
+        self.drafter = None  # octavo.spec_decode.draft_model.DraftModel with method draft_model
+        spec = config.speculative_config
+        if spec is not None and spec.method == "draft_model":
+            from octavo.spec_decode.draft_model import DraftModel
+
+            self.drafter = DraftModel(config, platform, self.device, self.transfer)
 
     # -- setup ----------------------------------------------------------------------------
     def _choose_attn_backend(self) -> tuple[type, list]:
@@ -135,6 +141,8 @@ class ModelRunner:
         bind_fused_ops(model, self.platform.fused_op_kernels, self.platform.decode_gemv_policy())
         self.model = model.eval()
         self.length_rope = length_rope(mc.hf_config, self.max_model_len)
+        if self.drafter is not None:
+            self.drafter.load()
         self.load_seconds = time.perf_counter() - t0
 
     def _quantize(self, model):
@@ -153,12 +161,15 @@ class ModelRunner:
         assert self.model is not None
         from octavo.quantization.linear import quantized_bytes
 
-        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + quantized_bytes(self.model)
+        draft = self.drafter.model_bytes() if self.drafter is not None else 0
+        return sum(p.numel() * p.element_size() for p in self.model.parameters()) + quantized_bytes(self.model) + draft
 
     def kv_bytes_per_block(self) -> int:
+        """Bytes of one pool block: the target's K/V, and the draft model's when there is one."""
         mc = self.config.model_config
         shape = self.attn_backend.get_kv_cache_shape(1, self.block_size, self.num_kv_heads_local, mc.head_size)
-        return int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size() * self.num_kv_tensors
+        draft = self.drafter.kv_bytes_per_block() if self.drafter is not None else 0
+        return int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size() * self.num_kv_tensors + draft
 
     @property
     def num_kv_tensors(self) -> int:
@@ -184,7 +195,9 @@ class ModelRunner:
             budget = profile_kv_cache_budget(self)
         else:
             budget = self.platform.kv_cache_memory_bytes(self.config, self.model_bytes(), 0)
-        num = budget // self.kv_bytes_per_block()
+        if self.drafter is not None:  # the draft's scratch blocks come out of the same budget
+            budget -= self.drafter.scratch_bytes()
+        num = max(budget, 0) // self.kv_bytes_per_block()
         # More blocks than every sequence at full length (x4 for the prefix cache) buy nothing.
         sc = self.config.scheduler_config
         useful = 4 * sc.max_num_seqs * self.input_batch.max_blocks_per_req * self.num_kv_groups + 1
@@ -213,6 +226,8 @@ class ModelRunner:
         self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_kv_tensors)]
         self._bind_kv_caches()
         self.num_blocks = num_blocks
+        if self.drafter is not None:
+            self.drafter.initialize_kv_cache(num_blocks)
         from octavo.worker.cuda_graph import maybe_capture
 
         self.graph_runner = maybe_capture(self)
@@ -483,6 +498,21 @@ class ModelRunner:
         bitmask = np.full((num_positions, packed.shape[1]), -1, dtype=np.int32)
         bitmask[rows] = packed
         return rows, self.transfer.to_device(bitmask)
+
+    def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]]:
+        """Draft-model proposals: up to ``num_drafts[req_id]`` drafts for each request, whose
+        known tokens but the last are all computed (after its step has been resulted)."""
+        if self.drafter is None:
+            raise RuntimeError("propose_drafts needs speculative method draft_model")
+        if self._unresulted:
+            raise RuntimeError("drafts are proposed after the step that produced their context is resulted")
+        if not num_drafts:
+            return {}
+        req_ids = list(num_drafts)
+        rows = np.fromiter((self.input_batch.row_of[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        counts = np.fromiter(num_drafts.values(), dtype=np.int64, count=len(req_ids))
+        drafts = self.drafter.propose(self.input_batch, rows, counts)
+        return dict(zip(req_ids, drafts, strict=True))
 
     def _pending(self) -> SampledTokens | None:
         """Tokens of the last launched step not yet on the host (None when all are)."""

@@ -52,6 +52,11 @@ class Worker:
         out = self.runner.execute_model(so)
         return out if self.rank == 0 else None
 
+    def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]] | None:
+        """Draft-model proposals (every rank runs the draft; rank 0 answers)."""
+        out = self.runner.propose_drafts(num_drafts)
+        return out if self.rank == 0 else None
+
     def info(self) -> dict:
         r = self.runner
         moe_layers = getattr(r.model, "moe_layers", None)
