@@ -193,7 +193,9 @@ class EngineArgs:
         """Validate every flag, read the checkpoint, and apply the platform's policy."""
         self._validate()
         model_config = self._model_config()
-        cache_config = self._cache_config(model_config)
+        speculative_config = self._speculative_config(model_config)
+        drafting = speculative_config is not None and speculative_config.method == "draft_model"
+        cache_config = self._cache_config(model_config, drafting)
         config = OctavoConfig(
             model_config=model_config,
             cache_config=cache_config,
@@ -207,11 +209,11 @@ class EngineArgs:
             ),
             enforce_eager=self.enforce_eager,
             structured_outputs_config=self._structured_outputs_config(),
-            speculative_config=self._speculative_config(model_config, cache_config),
+            speculative_config=speculative_config,
         )
         return current_platform.check_and_update_config(config)
 
-    def _speculative_config(self, target: ModelConfig, cache: CacheConfig) -> SpeculativeConfig | None:
+    def _speculative_config(self, target: ModelConfig) -> SpeculativeConfig | None:
         """``--speculative-config`` parsed; for ``draft_model`` the draft checkpoint resolved,
         checked against the target and given its own ``ModelConfig``."""
         cfg = parse_speculative_config(self.speculative_config)
@@ -429,13 +431,18 @@ class EngineArgs:
             )
         return defaults
 
-    def _cache_config(self, model_config: ModelConfig) -> CacheConfig:
+    def _cache_config(self, model_config: ModelConfig, drafting: bool = False) -> CacheConfig:
         from octavo.core.kv_cache_groups import make_kv_cache_groups
         from octavo.models.sliding_window import layer_sliding_windows
 
         windows = layer_sliding_windows(model_config.hf_config)
         if model_config.model_impl == "onnxruntime" and len(set(windows)) > 1:
             # One exported graph reads every layer's past through one block table.
+            windows = [None] * len(windows)
+        if drafting and any(w is not None for w in windows):
+            # A draft model attends over the whole context (or its own window) through the
+            # target's block table: blocks behind the target's windows are kept, not freed.
+            logger.info("draft model: KV blocks behind the target's sliding windows are kept (the draft reads them)")
             windows = [None] * len(windows)
 
         return CacheConfig(

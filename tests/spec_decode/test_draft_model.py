@@ -1,0 +1,108 @@
+"""Draft-model speculation: greedy output equals speculation off, token for token (float32,
+every fixture architecture), with the target as its own draft (every draft is the target's
+own argmax, so every draft is accepted: acceptance rate 1.0) and with a smaller one-layer
+draft of the same tokenizer (drafts accepted and rejected). Also: chunked prefill (the
+draft's catch-up split into passes), preemption, prefix caching, n > 1 and logprobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from octavo import LLM, SamplingParams
+from tests.fixtures.checkpoints import ARCH_SPECS
+from tests.spec_decode.test_greedy_equivalence import KWARGS, _length_dependent_rope, _prompts
+
+
+@pytest.fixture(scope="session")
+def small_draft_dir(tmp_path_factory, tokenizer_dir) -> str:
+    """A one-layer, narrower Llama with the fixtures' tokenizer (a draft cheaper than any target)."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=2048, rms_norm_eps=1e-6,
+        initializer_range=0.2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    out = tmp_path_factory.mktemp("small_draft")
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return str(out)
+
+
+def draft_spec(path: str, k: int = 3) -> dict:
+    return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
+
+
+def _generate(path: str, spec: dict | None, params: SamplingParams, **kw):
+    llm = LLM(path, dtype="float32", speculative_config=spec, **kw)
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    return outs, llm.llm_engine.get_stats()
+
+
+def _token_ids(outs) -> list[list[int]]:
+    return [list(c.token_ids) for o in outs for c in o.outputs]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_SPECS))
+def test_greedy_identical_with_itself_as_draft(checkpoints, llama_dir, arch):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    kw = KWARGS.get(arch, {})
+    base, _ = _generate(checkpoints[arch], None, params, **kw)
+    if _length_dependent_rope(checkpoints[arch], kw):
+        # Such a model cannot draft (refused) and is not drafted for (see core/scheduler.py):
+        # with a fixed-RoPE draft the output is still the target's, with no drafts verified.
+        with pytest.raises(ValueError, match="RoPE depends on the sequence length"):
+            LLM(checkpoints[arch], speculative_config=draft_spec(checkpoints[arch]), **kw)
+        spec, stats = _generate(checkpoints[arch], draft_spec(llama_dir), params, **kw)
+        assert _token_ids(spec) == _token_ids(base) and stats.spec_num_draft_tokens == 0
+        return
+    spec, stats = _generate(checkpoints[arch], draft_spec(checkpoints[arch]), params, **kw)
+    assert _token_ids(spec) == _token_ids(base)
+    assert stats.spec_num_draft_tokens > 0
+    assert stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens  # acceptance rate 1.0
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral_sw", "gemma3", "mixtral"])
+def test_greedy_identical_with_a_smaller_draft(checkpoints, small_draft_dir, arch):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    base, _ = _generate(checkpoints[arch], None, params)
+    spec, stats = _generate(checkpoints[arch], draft_spec(small_draft_dir, k=4), params)
+    assert _token_ids(spec) == _token_ids(base)
+    assert stats.spec_num_draft_tokens > 0
+    assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens  # a real draft: some rejected
+
+
+def test_greedy_identical_under_chunked_prefill_preemption_and_n(llama_dir):
+    """A token budget of 8 (the draft catches a prompt up in passes of <= 8 tokens; drafts cut
+    by the budget), a pool small enough to preempt, prefix caching, n > 1 and logprobs."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, n=2, logprobs=2)
+    kw = dict(max_num_batched_tokens=8, num_gpu_blocks_override=8, block_size=16, max_num_seqs=6)
+    base, _ = _generate(llama_dir, None, params, **kw)
+    spec, stats = _generate(llama_dir, draft_spec(llama_dir), params, **kw)
+    assert stats.num_preemptions > 0 and stats.spec_num_accepted_tokens > 0
+    for a, b in zip(base, spec, strict=True):
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            assert y.token_ids == x.token_ids
+            for lx, ly in zip(x.logprobs, y.logprobs, strict=True):
+                assert lx.keys() == ly.keys()
+                for t in lx:
+                    assert ly[t].logprob == pytest.approx(lx[t].logprob, abs=1e-4)
+
+
+def test_blocks_hold_both_models_kv(llama_dir, small_draft_dir):
+    """One pool block's bytes count the target's and the draft's K/V; the draft's tensors have
+    the pool's blocks plus its scratch blocks."""
+    llm = LLM(llama_dir, dtype="float32", speculative_config=draft_spec(small_draft_dir))
+    runner = llm.llm_engine.core.runner
+    drafter = runner.drafter
+    target_only = runner.kv_bytes_per_block() - drafter.kv_bytes_per_block()
+    bs = runner.block_size
+    # llama fixture: 2 layers x K,V x bs tokens x 2 KV heads x 16 dims x 4 bytes; draft: 1 layer, 1 head of 16.
+    assert (target_only, drafter.kv_bytes_per_block()) == (2 * 2 * bs * 2 * 16 * 4, 1 * 2 * bs * 1 * 16 * 4)
+    num_blocks = runner.num_blocks
+    assert drafter.kv_caches[0].shape[0] == num_blocks + drafter.num_rows * drafter.scratch_per_row
