@@ -106,3 +106,63 @@ def test_blocks_hold_both_models_kv(llama_dir, small_draft_dir):
     assert (target_only, drafter.kv_bytes_per_block()) == (2 * 2 * bs * 2 * 16 * 4, 1 * 2 * bs * 1 * 16 * 4)
     num_blocks = runner.num_blocks
     assert drafter.kv_caches[0].shape[0] == num_blocks + drafter.num_rows * drafter.scratch_per_row
+
+
+def _random_workload(llm, steps: int, seed: int) -> tuple[dict[str, list[int]], dict[str, list[int]], int]:
+    """Random arrivals (shared prefixes, priorities, lengths) and aborts over ``steps`` engine
+    steps, then drained. Returns (prompt of every request, output of each one that finished on
+    its own, speculative steps taken)."""
+    import random
+
+    rng = random.Random(seed)
+    engine = llm.llm_engine
+    vocab = engine.config.model_config.vocab_size
+    prefix = [rng.randrange(3, vocab) for _ in range(40)]
+    prompts, done, live, n, spec_steps = {}, {}, set(), 0, 0
+    for _ in range(steps):
+        if rng.random() < 0.3 or not live:
+            rid, n = f"r{n}", n + 1
+            head = prefix[: rng.choice([0, 17, 33])]
+            prompts[rid] = head + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 30))]
+            params = SamplingParams(temperature=0, max_tokens=rng.randrange(1, 40), ignore_eos=True)
+            engine.add_request(rid, {"prompt_token_ids": prompts[rid]}, params, priority=rng.randrange(3))
+            live.add(rid)
+        if live and rng.random() < 0.05:
+            rid = rng.choice(sorted(live))
+            engine.abort_request(rid)
+            live.discard(rid)
+        before = engine.get_stats().spec_num_drafts
+        for out in engine.step():
+            if out.finished and out.request_id in live:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+                live.discard(out.request_id)
+        spec_steps += engine.get_stats().spec_num_drafts > before
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished and out.request_id in live:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+                live.discard(out.request_id)
+    return prompts, done, spec_steps
+
+
+# 10k steps take most of an hour on a loaded 2-core CPU (marked slow); 250 check the same quickly.
+@pytest.mark.parametrize("steps", [pytest.param(10_000, marks=pytest.mark.slow), 250])
+def test_no_block_leaks_with_aborts_and_preemptions(llama_dir, small_draft_dir, steps):
+    """Random arrivals and aborts on a pool small enough to preempt (priority policy, prefix
+    caching, a token budget that chunks prompts): every block comes back, and every request
+    that finished on its own produced what it produces without speculation."""
+    kw = dict(dtype="float32", block_size=16, max_num_batched_tokens=24, num_gpu_blocks_override=10,
+              max_num_seqs=6, scheduling_policy="priority")
+    llm = LLM(llama_dir, speculative_config=draft_spec(small_draft_dir, k=4), **kw)
+    prompts, done, spec_steps = _random_workload(llm, steps, seed=steps)
+    kv = llm.llm_engine.core.scheduler.kv_cache_manager
+    stats = llm.get_stats()
+    assert kv.block_pool.get_num_free_blocks() == kv.num_usable_blocks
+    assert stats.num_preemptions > 0 and spec_steps > steps // 4
+    assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    ref = LLM(llama_dir, dtype="float32", block_size=16)
+    rids = sorted(done)[:40]
+    outs = ref.generate([{"prompt_token_ids": prompts[r]} for r in rids],
+                        [SamplingParams(temperature=0, max_tokens=len(done[r]), ignore_eos=True) for r in rids],
+                        use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == [done[r] for r in rids]
