@@ -87,6 +87,12 @@ SHAPES = {
 SHAPES["tiny"] = {**SHAPES["llama8b"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512,
                   "torch_dtype": "float32"}
+# Llama-3.2-1B's shape (the Llama 3 vocabulary: a draft model for llama8b).
+SHAPES["llama1b"] = {**SHAPES["llama8b"], "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "tie_word_embeddings": True,
+                     "rope_scaling": {**SHAPES["llama8b"]["rope_scaling"], "factor": 32.0}}
+SHAPES["tiny_draft"] = {**SHAPES["tiny"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                        "num_attention_heads": 2, "num_key_value_heads": 1}
 
 PROMPT_LEN, OUTPUT_LEN, NUM_REQS = 512, 256, 128
 

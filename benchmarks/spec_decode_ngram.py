@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""n-gram speculative decoding on the CPU, a code-editing workload: batch-1 time per output
-token with speculation vs without, interleaved in one run.
+"""Speculative decoding on the CPU, a code-editing workload: batch-1 time per output token
+with speculation (n-gram, or a draft model) vs without, interleaved in one run.
 
 Workload: the prompt is a small Python file followed by a comment asking for the same file
 with one small change and the start of that file; the output (greedy, ``ignore_eos``,
 ``--output-len`` tokens) is the model's rewrite, which repeats most of the prompt, so prompt
 lookup drafts are often accepted. The model is octavo's shipped one (trained on Python).
+With ``--method draft_model`` the draft is ``--draft-model``, or by default a layer-skip
+draft of the target (its first ``--draft-layers`` layers, ``benchmarks/layer_skip_draft.py``).
 
 Both engines live in this process; each round runs one batch-1 request on each (the order
 alternates per round) and records its time per output token (TPOT: the spread of the
@@ -16,6 +18,7 @@ produced the same tokens (greedy output is identical with speculation on).
 
 Example:
   python benchmarks/spec_decode_ngram.py --rounds 7 --num-speculative-tokens 4 --json-out spec.json
+  python benchmarks/spec_decode_ngram.py --method draft_model --draft-layers 1 --num-speculative-tokens 3
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ def code_edit_prompt() -> str:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="default: the shipped model")
+    p.add_argument("--method", choices=("ngram", "draft_model"), default="ngram")
+    p.add_argument("--draft-model", default=None, help="draft_model: default a layer-skip draft of --model")
+    p.add_argument("--draft-layers", type=int, default=1, help="layers of the default layer-skip draft")
     p.add_argument("--num-speculative-tokens", type=int, default=4)
     p.add_argument("--prompt-lookup-min", type=int, default=2)
     p.add_argument("--prompt-lookup-max", type=int, default=5)
@@ -101,14 +107,29 @@ def tokens_of(llm, prompt_ids: list[int], output_len: int) -> list[int]:
     return list(llm.generate({"prompt_token_ids": prompt_ids}, sp, use_tqdm=False)[0].outputs[0].token_ids)
 
 
+def speculative_config(args: argparse.Namespace) -> dict:
+    if args.method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
+                "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max}
+    draft = args.draft_model
+    if draft is None:
+        import tempfile
+
+        from benchmarks.layer_skip_draft import write_layer_skip_draft
+        from octavo.engine.model_files import resolve_model_path
+
+        out = tempfile.mkdtemp(prefix="octavo-layer-skip-draft-")
+        draft = write_layer_skip_draft(resolve_model_path(args.model), args.draft_layers, out)
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": args.num_speculative_tokens}
+
+
 def main() -> int:
     args = parse_args()
     from octavo import LLM
     from octavo.benchmarks.report import spec_decode_summary
     from octavo.cpu_isa import cpu_name, describe
 
-    spec_cfg = {"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens,
-                "prompt_lookup_min": args.prompt_lookup_min, "prompt_lookup_max": args.prompt_lookup_max}
+    spec_cfg = speculative_config(args)
     kw = {"model": args.model} if args.model else {}
     engines = {"base": LLM(dtype=args.dtype, enable_prefix_caching=False, **kw),
                "spec": LLM(dtype=args.dtype, enable_prefix_caching=False, speculative_config=spec_cfg, **kw)}

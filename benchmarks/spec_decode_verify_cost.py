@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""Cost of a speculative verify step vs a plain decode step, batch 1, same engine, same run.
+"""Cost of a speculative step vs a plain decode step, batch 1, same engine, same run.
 
-The model is a *shape* with random weights (``benchmarks/bench_cuda.py`` writes the config;
-``load_format="dummy"``). One request decodes; the engine's proposer is replaced by one that
-drafts ``k`` random tokens (so nearly all are rejected: this measures cost, not acceptance) or
-none, alternating in blocks of steps, and each ``EngineCore.step`` is timed with a device
-synchronize. Reported: median step time with 0 drafts and with ``k`` drafts, their ratio, and
-the speedup the engine would deliver at acceptance rates 50% and 80% from these two numbers
-(expected tokens per verify step ``sum(a^i, i=0..k)`` over the cost ratio).
+The models are *shapes* with random weights (``benchmarks/bench_cuda.py`` writes the configs;
+``load_format="dummy"``). One request decodes, alternating in blocks of steps between two
+proposers, and each ``EngineCore.step`` is timed with a device synchronize:
 
-  python benchmarks/spec_decode_verify_cost.py --shape llama8b --k 4        # H200
-  python benchmarks/spec_decode_verify_cost.py --shape tiny --k 4           # CPU dry run
+- n-gram engine (default): ``k`` random drafts per step (so nearly all are rejected: this
+  measures the verify step's cost, not acceptance) vs none;
+- ``--draft-shape`` (e.g. ``llama1b``): a ``draft_model`` engine whose draft has that shape;
+  the real draft-model proposer (its ``k`` draft passes after every step, then the verify of
+  its ``k`` drafts; random weights, so nothing is accepted: the overhead of speculation when
+  it buys nothing) vs none (plain decode steps, the draft idle).
+
+Reported: median step time of each mode, their ratio, the acceptance observed, and the
+speedup the engine would deliver at acceptance rates 50% and 80% from these two numbers
+(expected tokens per speculative step ``sum(a^i, i=0..k)`` over the cost ratio).
+
+  python benchmarks/spec_decode_verify_cost.py --shape llama8b --k 4                        # H200
+  python benchmarks/spec_decode_verify_cost.py --shape llama8b --draft-shape llama1b --k 4  # H200
+  python benchmarks/spec_decode_verify_cost.py --shape tiny --draft-shape tiny_draft --k 4  # CPU dry run
 """
 
 from __future__ import annotations
@@ -27,60 +35,96 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 class _FixedDrafts:
+    """``k`` random drafts per request (0: none, a plain decode step)."""
+
     def __init__(self, k: int, vocab: int) -> None:
         import numpy as np
 
         self.k, self.rng, self.vocab = k, np.random.default_rng(0), vocab
 
-    def propose(self, token_ids, max_tokens=None) -> list[int]:
-        k = self.k if max_tokens is None else min(self.k, max_tokens)
-        return self.rng.integers(3, self.vocab, size=k).tolist()
+    def propose_batch(self, requests, max_tokens) -> list[list[int]]:
+        return [self.rng.integers(3, self.vocab, size=min(self.k, m)).tolist() for m in max_tokens]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="tiny")
+    p.add_argument("--draft-shape", default=None, help="a draft_model engine with a draft of this shape")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--steps", type=int, default=40, help="timed steps per mode per block")
     p.add_argument("--blocks", type=int, default=3)
-    args = p.parse_args()
-    from bench_cuda import SHAPES, write_model_dir
+    p.add_argument("--enforce-eager", action="store_true")
+    return p.parse_args()
 
-    from octavo import LLM, SamplingParams
+
+def make_engine(args: argparse.Namespace, root: Path):
+    from bench_cuda import write_model_dir
+
+    from octavo import LLM
+
+    model = write_model_dir(args.shape, root)
+    if args.draft_shape:
+        spec = {"method": "draft_model", "model": str(write_model_dir(args.draft_shape, root)),
+                "num_speculative_tokens": args.k}
+    else:
+        spec = {"method": "ngram", "num_speculative_tokens": args.k}
+    return LLM(str(model), load_format="dummy", speculative_config=spec, max_model_len=4096,
+               dtype="float32" if args.shape == "tiny" else "bfloat16", enforce_eager=args.enforce_eager)
+
+
+def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tuple[dict, dict]:
+    """(step times per mode, speculative counters of the timed steps per mode)."""
+    from octavo import SamplingParams
     from octavo.platforms import current_platform
 
-    root = Path(tempfile.mkdtemp())
-    model = write_model_dir(args.shape, root)
-    spec = {"method": "ngram", "num_speculative_tokens": args.k}
-    llm = LLM(str(model), load_format="dummy", speculative_config=spec, max_model_len=4096,
-              dtype="float32" if args.shape == "tiny" else "bfloat16")
     core, engine = llm.llm_engine.core, llm.llm_engine
-    vocab = SHAPES[args.shape]["vocab_size"]
-    drafting, plain = _FixedDrafts(args.k, vocab), _FixedDrafts(0, vocab)
-    total = 2 * args.blocks * args.steps + 16
+    total = 2 * args.blocks * (args.steps + 1) + 16
     engine.add_request("r", {"prompt_token_ids": [3 + i % (vocab - 3) for i in range(512)]},
                        SamplingParams(temperature=0, max_tokens=total * (args.k + 1), ignore_eos=True))
-    times: dict[str, list[float]] = {"plain": [], "verify": []}
-    core.proposer = plain
+    times: dict[str, list[float]] = {m: [] for m in proposers}
+    counts = {m: [0, 0] for m in proposers}  # draft tokens, accepted
+    core.proposer = proposers["plain"]
     for _ in range(8):  # prefill and warm-up
         engine.step()
     for _ in range(args.blocks):
-        for mode, proposer in (("plain", plain), ("verify", drafting)):
+        for mode, proposer in proposers.items():
             core.proposer = proposer
             engine.step()  # the first step of a block verifies the previous block's drafts
+            s0 = engine.get_stats()
             for _ in range(args.steps):
                 current_platform.synchronize()
                 t0 = time.perf_counter()
                 engine.step()
                 current_platform.synchronize()
                 times[mode].append(time.perf_counter() - t0)
-    plain_s, verify_s = statistics.median(times["plain"]), statistics.median(times["verify"])
-    ratio = verify_s / plain_s
+            s1 = engine.get_stats()
+            counts[mode][0] += s1.spec_num_draft_tokens - s0.spec_num_draft_tokens
+            counts[mode][1] += s1.spec_num_accepted_tokens - s0.spec_num_accepted_tokens
+    return times, counts
+
+
+def main() -> int:
+    args = parse_args()
+    from bench_cuda import SHAPES
+
+    from octavo.platforms import current_platform
+
+    llm = make_engine(args, Path(tempfile.mkdtemp()))
+    vocab = SHAPES[args.shape]["vocab_size"]
+    spec_mode = "draft" if args.draft_shape else "verify"
+    speculating = llm.llm_engine.core.proposer if args.draft_shape else _FixedDrafts(args.k, vocab)
+    times, counts = time_modes(llm, {"plain": _FixedDrafts(0, vocab), spec_mode: speculating}, args, vocab)
+    plain_s, spec_s = statistics.median(times["plain"]), statistics.median(times[spec_mode])
+    ratio = spec_s / plain_s
     speedup = {f"acceptance_{int(a * 100)}": sum(a**i for i in range(args.k + 1)) / ratio for a in (0.5, 0.8)}
+    drafted, accepted = counts[spec_mode]
     print("RESULT " + json.dumps({
-        "shape": args.shape, "k": args.k, "device": current_platform.name,
-        "median_plain_step_ms": 1e3 * plain_s, "median_verify_step_ms": 1e3 * verify_s,
-        "verify_over_plain": ratio, "speedup_at": speedup, "stats": str(engine.get_stats()),
+        "shape": args.shape, "draft_shape": args.draft_shape, "k": args.k, "device": current_platform.name,
+        "graphs": not args.enforce_eager,
+        "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,
+        f"{spec_mode}_over_plain": ratio, "timed_draft_tokens": drafted, "timed_accepted_tokens": accepted,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "speedup_at": speedup, "stats": str(llm.llm_engine.get_stats()),
     }))
     return 0
 

@@ -1,7 +1,9 @@
 """Draft-model proposals: a smaller checkpoint with the target's vocabulary drafts greedily.
 
-The draft runs in the target's worker, on the same device, eagerly (never inside the target's
-captured graphs). Its KV cache is its own tensors, one per draft layer, indexed by the SAME
+The draft runs in the target's worker, on the same device. Where the target captures decode
+graphs (CUDA/HIP), the draft captures its own for its single-token passes (every pass but a
+catch-up of several tokens), with its own persistent input buffers; other passes run eagerly.
+Its KV cache is its own tensors, one per draft layer, indexed by the SAME
 block ids and block tables as the target's: block ``b`` of the pool holds the target's K/V in
 the target's tensors and the draft's K/V in the draft's, so the scheduler and the KV cache
 manager are unchanged and the bytes of one block (``kv_bytes_per_block``) count both models.
@@ -69,7 +71,7 @@ class _Pass:
     """One draft forward: each listed row computes its tokens at ``positions``."""
 
     rows: np.ndarray  # [B] input-batch rows
-    token_ids: torch.Tensor  # [T] on the device
+    token_ids: np.ndarray | torch.Tensor  # [T] known tokens (host) or drafts (device)
     positions: np.ndarray  # [T]
     query_lens: np.ndarray  # [B]
     seq_lens: np.ndarray  # [B] positions computed after the pass
@@ -80,6 +82,7 @@ class DraftModel:
 
     def __init__(self, config: OctavoConfig, platform, device: torch.device, transfer) -> None:
         spec = config.speculative_config
+        self.config = config
         self.mc: ModelConfig = spec.draft_model_config
         self.k = spec.num_speculative_tokens
         self.platform, self.device, self.transfer = platform, device, transfer
@@ -98,6 +101,10 @@ class DraftModel:
         self.model = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
+        self.max_blocks_per_req = -(-self.max_model_len // self.block_size)
+        # Accelerators: persistent inputs and captured single-token passes (None on the CPU).
+        self.step_buffers = None
+        self.graph_runner = None
 
     # -- setup ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -124,6 +131,27 @@ class DraftModel:
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             layer.kv_cache = cache
         self.num_blocks = num_blocks
+        self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        """Persistent inputs on an accelerator; decode graphs where the target captures them."""
+        if self.platform.device_is_host():
+            return
+        from octavo.worker.cuda_graph import GraphRunner, StepBuffers, capture_sizes, graph_mode
+
+        sc = self.config.scheduler_config
+        self.step_buffers = StepBuffers(
+            max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
+            self.max_blocks_per_req + self.scratch_per_row, self.block_size, self.device, self.platform,
+        )
+        mode, reason = graph_mode(self)
+        if mode == "none":
+            logger.info("draft model graphs: none (%s)", reason)
+            return
+        self.graph_runner = GraphRunner(self, capture_sizes(sc.max_num_seqs))
+        self.graph_runner.capture()
+        logger.info("draft model graphs: %s for single-token passes in %.1fs, pool %.0f MiB", mode,
+                    self.graph_runner.capture_seconds, self.graph_runner.pool_bytes / 2**20)
 
     # -- proposing ------------------------------------------------------------------------
     @torch.inference_mode()
@@ -157,7 +185,7 @@ class DraftModel:
             qsl = np.concatenate([[0], np.cumsum(q)])
             seg = np.repeat(np.arange(len(left)), q)
             pos = done[left][seg] + np.arange(int(qsl[-1])) - qsl[:-1][seg]
-            ids = self.transfer.to_device(batch.token_ids[rows[left][seg], pos])
+            ids = batch.token_ids[rows[left][seg], pos]
             done[left] += q
             p = _Pass(rows[left], ids, pos, q, done[left])
             finishing = np.nonzero(done[left] == n_known[left])[0]
@@ -179,10 +207,14 @@ class DraftModel:
     def _forward(self, batch, p: _Pass) -> torch.Tensor:
         """The draft's hidden states of pass ``p`` (its K/V written at the draft's slots)."""
         bs = self.block_size
-        table = self._block_table(batch, p.rows, p.seq_lens)
+        full = self.step_buffers is not None  # the staged layout: tables at the buffers' width
+        table = self._block_table(batch, p.rows, p.seq_lens, full)
         qsl = np.concatenate([[0], np.cumsum(p.query_lens)])
         seg = np.repeat(np.arange(len(p.rows)), p.query_lens)
         slots = table[seg, p.positions // bs].astype(np.int64) * bs + p.positions % bs
+        max_q = int(p.query_lens.max())
+        if full:
+            return self._staged_forward(p, table, qsl, slots, max_q)
         dev = self.transfer.to_device
         md = CommonAttentionMetadata(
             query_start_loc=dev(qsl.astype(np.int32)),
@@ -193,20 +225,40 @@ class DraftModel:
             seq_lens_cpu=p.seq_lens,
             num_reqs=len(p.rows),
             num_actual_tokens=int(qsl[-1]),
-            max_query_len=int(p.query_lens.max()),
+            max_query_len=max_q,
             max_seq_len=int(p.seq_lens.max()),
             block_size=bs,
         )
-        attn_md = self.attn_backend.build_metadata(md)
-        return self.model(p.token_ids, dev(p.positions), attn_md)
+        ids = p.token_ids if isinstance(p.token_ids, torch.Tensor) else dev(p.token_ids)
+        return self.model(ids, dev(p.positions), self.attn_backend.build_metadata(md))
 
-    def _block_table(self, batch, rows: np.ndarray, seq_lens: np.ndarray) -> np.ndarray:
-        """The rows' block tables, continued past their own blocks with their scratch blocks."""
+    def _staged_forward(self, p: _Pass, table: np.ndarray, qsl: np.ndarray, slots: np.ndarray,
+                        max_q: int) -> torch.Tensor:
+        """Pass ``p`` through the persistent buffers: replayed from a graph when it is a
+        single-token pass of a captured size, else eager."""
+        b, t = len(p.rows), int(qsl[-1])
+        on_device = isinstance(p.token_ids, torch.Tensor)
+        gr = self.graph_runner
+        pad = gr.padded_size(b, t, max_q) if gr is not None else None
+        host_ids = np.zeros(t, dtype=np.int64) if on_device else p.token_ids
+        md, (ids, pos) = self.step_buffers.stage(
+            host_ids, p.positions, slots, qsl, p.seq_lens, table, np.arange(b),
+            int(-(-p.seq_lens.max() // self.block_size)), max_q, pad_to=pad,
+        )
+        if on_device:
+            ids.copy_(p.token_ids)
+        if pad is not None:
+            return gr.replay(md)
+        return self.model(ids, pos, self.attn_backend.build_metadata(md))
+
+    def _block_table(self, batch, rows: np.ndarray, seq_lens: np.ndarray, full: bool) -> np.ndarray:
+        """The rows' block tables, continued past their own blocks with their scratch blocks
+        (null blocks after that), ``full``: at the widest a row can need, else as wide as needed."""
         need = -(-seq_lens // self.block_size)
         have = batch.num_blocks[rows]
         if (need - have > self.scratch_per_row).any():
             raise RuntimeError("draft positions reach past a request's blocks and its scratch blocks")
-        width = int(need.max())
+        width = self.max_blocks_per_req + self.scratch_per_row if full else int(need.max())
         own = np.zeros((len(rows), width), dtype=np.int32)
         w = min(width, batch.block_table.shape[1])
         own[:, :w] = batch.block_table[rows, :w]

@@ -1,7 +1,8 @@
-"""n-gram speculation on a GPU (CUDA graphs captured for the plain decode steps, verify steps
-eager): greedy output equals speculation off on the same device, every fixture architecture of
-the quick set, float32; seeded sampling draws the same tokens; the engine logs the fallback to
-synchronous scheduling."""
+"""n-gram and draft-model speculation on a GPU (CUDA graphs captured for the plain decode
+steps and the draft's single-token passes, verify steps eager): greedy output equals
+speculation off on the same device, every fixture architecture of the quick set, float32;
+seeded sampling draws the same tokens; the engine logs the fallback to synchronous
+scheduling."""
 
 from __future__ import annotations
 
@@ -45,4 +46,46 @@ def test_seeded_sampling_identical_on_cuda(llama_dir):
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=5, seed=7, max_tokens=32, ignore_eos=True)
     base, _ = _run(llama_dir, None, params)
     spec, stats = _run(llama_dir, SPEC, params)
+    assert spec == base and stats.spec_num_drafts > 0
+
+
+def _run_draft(path: str, draft: str, params, k: int = 3):
+    from octavo import LLM
+
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    llm = LLM(path, dtype="float32", speculative_config=spec, gpu_memory_utilization=0.3)
+    drafter = llm.llm_engine.core.runner.drafter
+    assert drafter.graph_runner is not None and drafter.graph_runner.graphs  # single-token passes captured
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    stats = llm.llm_engine.get_stats()
+    llm.shutdown()
+    return [o.outputs[0].token_ids for o in outs], stats
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
+def test_draft_model_greedy_identical_on_cuda(checkpoints, small_draft_dir, arch):
+    """Itself as draft (graphs for the draft's single-token passes): every draft accepted;
+    a one-layer draft: drafts accepted and rejected; both identical to speculation off."""
+    from octavo import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    base, _ = _run(checkpoints[arch], None, params)
+    same, stats = _run_draft(checkpoints[arch], checkpoints[arch], params)
+    assert same == base
+    assert 0 < stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+    small, stats = _run_draft(checkpoints[arch], small_draft_dir, params, k=4)
+    assert small == base
+    assert stats.spec_num_draft_tokens > stats.spec_num_accepted_tokens
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_draft_model_seeded_sampling_identical_on_cuda(llama_dir, small_draft_dir):
+    from octavo import SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=5, seed=7, max_tokens=32, ignore_eos=True)
+    base, _ = _run(llama_dir, None, params)
+    spec, stats = _run_draft(llama_dir, small_draft_dir, params)
     assert spec == base and stats.spec_num_drafts > 0

@@ -13,27 +13,6 @@ from tests.fixtures.checkpoints import ARCH_SPECS
 from tests.spec_decode.test_greedy_equivalence import KWARGS, _length_dependent_rope, _prompts
 
 
-@pytest.fixture(scope="session")
-def small_draft_dir(tmp_path_factory, tokenizer_dir) -> str:
-    """A one-layer, narrower Llama with the fixtures' tokenizer (a draft cheaper than any target)."""
-    import torch
-    import transformers
-
-    tok = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = transformers.LlamaConfig(
-        vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=2048, rms_norm_eps=1e-6,
-        initializer_range=0.2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(5)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    out = tmp_path_factory.mktemp("small_draft")
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    return str(out)
-
-
 def draft_spec(path: str, k: int = 3) -> dict:
     return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
 
@@ -166,3 +145,24 @@ def test_no_block_leaks_with_aborts_and_preemptions(llama_dir, small_draft_dir, 
                         [SamplingParams(temperature=0, max_tokens=len(done[r]), ignore_eos=True) for r in rids],
                         use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == [done[r] for r in rids]
+
+
+def test_staged_input_path_proposes_the_same_drafts(llama_dir, small_draft_dir):
+    """The accelerator's input path of the draft (persistent buffers, block tables at the
+    widest a row can need, device-side draft ids copied in), run on the CPU: the same drafts,
+    so the same acceptance counts and output as the zero-copy host path."""
+    from octavo.worker.cuda_graph import StepBuffers
+
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    results = []
+    for staged in (False, True):
+        llm = LLM(llama_dir, dtype="float32", speculative_config=draft_spec(small_draft_dir, k=4),
+                  max_num_batched_tokens=16)
+        d, sc = llm.llm_engine.core.runner.drafter, llm.llm_engine.config.scheduler_config
+        if staged:
+            d.step_buffers = StepBuffers(max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
+                                         d.max_blocks_per_req + d.scratch_per_row, d.block_size, d.device, d.platform)
+        outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+        st = llm.get_stats()
+        results.append((_token_ids(outs), st.spec_num_draft_tokens, st.spec_num_accepted_tokens_per_pos))
+    assert results[0] == results[1] and results[0][1] > 0

@@ -60,3 +60,22 @@ def test_first_three_tokens_distribution_matches(draws):
     assert _chi2_p_value(Counter(base), Counter(spec)) > 0.001
     assert sorted(base) == sorted(spec)
     assert base == spec  # seeded: the same draws, draw for draw
+
+
+@pytest.mark.parametrize("draws", [pytest.param(20_000, marks=pytest.mark.slow), 2_000])
+def test_first_three_tokens_distribution_matches_with_draft_model(draws):
+    """The same with a draft model: the shipped model drafting for itself, greedily (a point
+    mass on its argmax, accepted when the target's sample is that token, rejected otherwise)."""
+    from octavo.engine.model_files import resolve_model_path
+
+    spec_cfg = {"method": "draft_model", "model": resolve_model_path(None), "num_speculative_tokens": 2}
+    base, _ = _draws(None, draws)
+    spec, stats = _draws(spec_cfg, draws)
+    assert len(base) == len(spec) == draws and all(len(t) == 3 for t in base + spec)
+    assert stats.spec_num_drafts >= draws  # every draw verifies drafts after its first token
+    assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    assert len(Counter(base)) > 20
+    for pos in range(3):
+        assert _chi2_p_value(Counter(t[pos] for t in base), Counter(t[pos] for t in spec)) > 0.001
+    assert _chi2_p_value(Counter(base), Counter(spec)) > 0.001
+    assert base == spec  # seeded: the same draws, draw for draw
