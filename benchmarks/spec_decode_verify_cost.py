@@ -120,7 +120,8 @@ def main() -> int:
     drafted, accepted = counts[spec_mode]
     print("RESULT " + json.dumps({
         "shape": args.shape, "draft_shape": args.draft_shape, "k": args.k, "device": current_platform.name,
-        "graphs": not args.enforce_eager,
+        "target_graphs": llm.llm_engine.core.runner.graph_runner is not None,
+        "draft_graphs": getattr(llm.llm_engine.core.runner.drafter, "graph_runner", None) is not None,
         "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,
         f"{spec_mode}_over_plain": ratio, "timed_draft_tokens": drafted, "timed_accepted_tokens": accepted,
         "acceptance_rate": accepted / drafted if drafted else None,

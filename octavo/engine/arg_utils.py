@@ -219,13 +219,9 @@ class EngineArgs:
         cfg = parse_speculative_config(self.speculative_config)
         if cfg is None or cfg.method != "draft_model":
             return cfg
-        name = flag("speculative_config")
-        for ok, what in (
-            (target.model_impl == "octavo", "--model-impl onnxruntime"),
-            (self.tensor_parallel_size == 1, "--tensor-parallel-size > 1"),
-        ):
-            if not ok:
-                raise ValueError(f"{name}: method 'draft_model' is not supported with {what}")
+        if target.model_impl != "octavo":
+            raise ValueError(f"{flag('speculative_config')}: method 'draft_model' is not supported with "
+                             "--model-impl onnxruntime")
         draft_dir = resolve_model_path(cfg.model, None, self.download_dir)
         hf_config, arch = load_hf_config(draft_dir)
         check_same_vocab(target.hf_config, hf_config, target.model, draft_dir)

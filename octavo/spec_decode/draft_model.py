@@ -26,6 +26,9 @@ occupancy of the row (``InputBatch.serial``): a new or re-admitted (preempted) r
 from position 0, so blocks it shares through the prefix cache never hand it draft K/V that
 was never written.
 
+With tensor parallelism the draft is sharded over the same ranks as the target (every rank
+runs every pass on the same inputs); rank 0's argmax is broadcast after each pass.
+
 Greedy drafts are a deterministic function of the context: the draft distribution is a
 point mass, which ``rejection_sampler.verify_one_hot_drafts`` verifies exactly.
 """
@@ -40,6 +43,7 @@ import torch
 
 from octavo.attention.backend import CommonAttentionMetadata
 from octavo.config import ModelConfig, OctavoConfig
+from octavo.distributed.parallel_state import get_tp
 
 logger = logging.getLogger(__name__)
 
@@ -201,7 +205,13 @@ class DraftModel:
             return
         last = np.cumsum(p.query_lens)[which] - 1
         logits = self.model.compute_logits(hidden[self.transfer.to_device(last)])
-        tok = logits.argmax(dim=-1).to(torch.int64)
+        if logits is None:  # tensor-parallel rank != 0: receive rank 0's drafts below
+            tok = torch.empty(len(which), dtype=torch.int64, device=self.device)
+        else:
+            tok = logits.argmax(dim=-1).to(torch.int64)
+        tp = get_tp()
+        if tp.world_size > 1:
+            tok = tp.broadcast(tok.contiguous(), src=0)
         drafts[self.transfer.to_device(dst[which]), col] = tok
 
     def _forward(self, batch, p: _Pass) -> torch.Tensor:

@@ -138,7 +138,6 @@ def test_draft_must_share_the_vocabulary(checkpoints, tmp_path):
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"tensor_parallel_size": 2}, "not supported with --tensor-parallel-size > 1"),
         ({"max_model_len": 1024, "draft": "llama_longrope"}, "has a context of 512 tokens, less than --max-model-len"),
         ({"max_model_len": 256, "draft": "llama_dynamic"}, "RoPE depends on the sequence length"),
     ],

@@ -166,3 +166,15 @@ def test_staged_input_path_proposes_the_same_drafts(llama_dir, small_draft_dir):
         st = llm.get_stats()
         results.append((_token_ids(outs), st.spec_num_draft_tokens, st.spec_num_accepted_tokens_per_pos))
     assert results[0] == results[1] and results[0][1] > 0
+
+
+@pytest.mark.usefixtures("cpu_platform")  # gloo on CPU: both workers run the sharded draft
+def test_tensor_parallel_workers_run_the_draft(llama_dir):
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    base, _ = _generate(llama_dir, None, params)
+    llm = LLM(llama_dir, dtype="float32", speculative_config=draft_spec(llama_dir), tensor_parallel_size=2)
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    stats = llm.llm_engine.get_stats()
+    llm.shutdown()
+    assert _token_ids(outs) == _token_ids(base)
+    assert 0 < stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
