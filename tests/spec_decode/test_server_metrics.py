@@ -34,3 +34,23 @@ def test_spec_decode_metrics(server):
     text = httpx.get(server.url + "/metrics", timeout=10).text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name=' in text
     assert "vllm:spec_decode_num_drafts_total" in text
+
+
+def test_draft_model_server(llama_dir):
+    """``"model"`` without ``"method"`` is a draft model (vLLM's inference); with the target as
+    its own draft, served from the engine process, every draft is accepted."""
+    import json
+
+    spec = json.dumps({"model": llama_dir, "num_speculative_tokens": 3})
+    srv = RemoteServer(["--dtype", "float32", "--max-model-len", "512", "--speculative-config", spec],
+                       env={"OCTAVO_DEFAULT_MODEL": llama_dir})
+    try:
+        for p in random_prompts(512, [5, 19], seed=4):
+            r = httpx.post(srv.url + "/v1/completions", timeout=60,
+                           json={"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 24
+        m = srv.metrics()
+    finally:
+        srv.stop()
+    tokens = m["octavo:spec_decode_num_draft_tokens_total"]
+    assert 0 < tokens == m["octavo:spec_decode_num_accepted_tokens_total"]
