@@ -54,6 +54,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="timed steps per mode per block")
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--max-num-seqs", type=int, default=8, help="batch 1 is measured: few graphs to capture")
     return p.parse_args()
 
 
@@ -69,7 +70,8 @@ def make_engine(args: argparse.Namespace, root: Path):
     else:
         spec = {"method": "ngram", "num_speculative_tokens": args.k}
     return LLM(str(model), load_format="dummy", speculative_config=spec, max_model_len=4096,
-               dtype="float32" if args.shape == "tiny" else "bfloat16", enforce_eager=args.enforce_eager)
+               dtype="float32" if args.shape == "tiny" else "bfloat16", enforce_eager=args.enforce_eager,
+               max_num_seqs=args.max_num_seqs)
 
 
 def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tuple[dict, dict]:

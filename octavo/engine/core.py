@@ -133,13 +133,16 @@ class EngineCore:
 
     def _propose_drafts(self) -> None:
         """Draft tokens for every running request that decodes next step (not for grammar-
-        constrained ones: their bitmask covers one position per step)."""
+        constrained ones: their bitmask covers one position per step). A request still holding
+        unverified drafts was not scheduled since they were proposed (paused, or out of budget):
+        its context is unchanged, so are its drafts."""
         sched = self.scheduler
         if sched.kv_key_fn is not None:  # length-dependent RoPE: the scheduler drafts nothing
             return
         reqs, rooms = [], []
         for req in sched.running:
-            if req.num_computed_tokens != req.num_tokens - 1 or req.structured_output_request is not None:
+            if (req.num_computed_tokens != req.num_tokens - 1 or req.structured_output_request is not None
+                    or req.spec_token_ids):
                 continue
             room = sched.max_seq_len - req.num_tokens
             if req.max_tokens is not None:

@@ -53,7 +53,7 @@ def _run_draft(path: str, draft: str, params, k: int = 3):
     from octavo import LLM
 
     spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
-    llm = LLM(path, dtype="float32", speculative_config=spec, gpu_memory_utilization=0.3)
+    llm = LLM(path, dtype="float32", speculative_config=spec, gpu_memory_utilization=0.3, max_num_seqs=16)
     drafter = llm.llm_engine.core.runner.drafter
     assert drafter.graph_runner is not None and drafter.graph_runner.graphs  # single-token passes captured
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
