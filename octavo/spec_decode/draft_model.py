@@ -157,6 +157,10 @@ class DraftModel:
         logger.info("draft model graphs: %s for single-token passes in %.1fs, pool %.0f MiB", mode,
                     self.graph_runner.capture_seconds, self.graph_runner.pool_bytes / 2**20)
 
+    def build_attn_metadata(self, group_metadata: list[CommonAttentionMetadata]):
+        """The backend's metadata (what ``GraphRunner`` asks of a runner): one group."""
+        return self.attn_backend.build_metadata(group_metadata[0])
+
     # -- proposing ------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> list[list[int]]:
@@ -251,10 +255,11 @@ class DraftModel:
         gr = self.graph_runner
         pad = gr.padded_size(b, t, max_q) if gr is not None else None
         host_ids = np.zeros(t, dtype=np.int64) if on_device else p.token_ids
-        md, (ids, pos) = self.step_buffers.stage(
-            host_ids, p.positions, slots, qsl, p.seq_lens, table, np.arange(b),
+        mds, (ids, pos) = self.step_buffers.stage(
+            host_ids, p.positions, [slots], qsl, p.seq_lens, [table], np.arange(b),
             int(-(-p.seq_lens.max() // self.block_size)), max_q, pad_to=pad,
         )
+        md = mds[0]  # the draft's one KV cache group
         if on_device:
             ids.copy_(p.token_ids)
         if pad is not None:
