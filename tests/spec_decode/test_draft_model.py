@@ -10,17 +10,17 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from tests.fixtures.checkpoints import ARCH_SPECS
-from tests.spec_decode.test_greedy_equivalence import KWARGS, _length_dependent_rope, _prompts
+from tests.spec_decode.test_greedy_equivalence import (
+    KWARGS,
+    _generate,
+    _length_dependent_rope,
+    _prompts,
+    assert_same_outputs,
+)
 
 
 def draft_spec(path: str, k: int = 3) -> dict:
     return {"method": "draft_model", "model": path, "num_speculative_tokens": k}
-
-
-def _generate(path: str, spec: dict | None, params: SamplingParams, **kw):
-    llm = LLM(path, dtype="float32", speculative_config=spec, **kw)
-    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
-    return outs, llm.llm_engine.get_stats()
 
 
 def _token_ids(outs) -> list[list[int]]:
@@ -64,13 +64,7 @@ def test_greedy_identical_under_chunked_prefill_preemption_and_n(llama_dir):
     base, _ = _generate(llama_dir, None, params, **kw)
     spec, stats = _generate(llama_dir, draft_spec(llama_dir), params, **kw)
     assert stats.num_preemptions > 0 and stats.spec_num_accepted_tokens > 0
-    for a, b in zip(base, spec, strict=True):
-        for x, y in zip(a.outputs, b.outputs, strict=True):
-            assert y.token_ids == x.token_ids
-            for lx, ly in zip(x.logprobs, y.logprobs, strict=True):
-                assert lx.keys() == ly.keys()
-                for t in lx:
-                    assert ly[t].logprob == pytest.approx(lx[t].logprob, abs=1e-4)
+    assert_same_outputs(base, spec, ranks=False)
 
 
 def test_blocks_hold_both_models_kv(llama_dir, small_draft_dir):

@@ -25,6 +25,19 @@ def _generate(path: str, spec: dict | None, params: SamplingParams, **kw):
     return outs, llm.llm_engine.get_stats()
 
 
+def assert_same_outputs(base, spec, ranks: bool) -> None:
+    """Every completion's tokens equal, its logprobs close (and their ranks equal if ``ranks``)."""
+    for a, b in zip(base, spec, strict=True):
+        for x, y in zip(a.outputs, b.outputs, strict=True):
+            assert y.token_ids == x.token_ids
+            for lx, ly in zip(x.logprobs, y.logprobs, strict=True):
+                assert lx.keys() == ly.keys()
+                for t in lx:
+                    assert ly[t].logprob == pytest.approx(lx[t].logprob, abs=1e-4)
+                    if ranks:
+                        assert ly[t].rank == lx[t].rank
+
+
 def _length_dependent_rope(path: str, kw: dict) -> bool:
     from octavo.engine.arg_utils import EngineArgs
     from octavo.engine.core import _kv_key_fn
@@ -56,14 +69,7 @@ def test_greedy_identical_under_chunked_prefill_preemption_and_n(llama_dir):
     base, base_stats = _generate(llama_dir, None, params, **kw)
     spec, stats = _generate(llama_dir, SPEC, params, **kw)
     assert stats.num_preemptions > 0 and stats.spec_num_accepted_tokens > 0
-    for a, b in zip(base, spec, strict=True):
-        for x, y in zip(a.outputs, b.outputs, strict=True):
-            assert y.token_ids == x.token_ids
-            for lx, ly in zip(x.logprobs, y.logprobs, strict=True):
-                assert lx.keys() == ly.keys()
-                for t in lx:
-                    assert ly[t].logprob == pytest.approx(lx[t].logprob, abs=1e-4)
-                    assert ly[t].rank == lx[t].rank
+    assert_same_outputs(base, spec, ranks=True)
 
 
 def test_penalties_min_tokens_and_stop_tokens_with_speculation(llama_dir):
