@@ -87,7 +87,16 @@ def test_cpu(session: nox.Session) -> None:
     """Every test not marked for an accelerator, on the CPU build of torch (CI runs this),
     spread over one pytest-xdist worker per core."""
     _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
-    _pytest(session, f"not ({DEVICE_MARKS}) and not contract and not soak", workers="auto")
+    _pytest(session, f"not ({DEVICE_MARKS}) and not contract and not soak and not slow", workers="auto")
+
+
+@nox.session(name="test-slow")
+def test_slow(session: nox.Session) -> None:
+    """The long statistical and stress tests (marker `slow`: the 20k-draw chi-squared tests of
+    speculative sampling, the 10k-step speculative leak hunt), which would double test-cpu's
+    time; run before a release or after touching the scheduler, sampler or speculation."""
+    _install(session, "serve,test,cpu", CPU_TORCH, CPU_TORCH_INDEX)
+    _pytest(session, f"slow and not ({DEVICE_MARKS})", workers="auto")
 
 
 @nox.session(name="api-contract")
@@ -115,7 +124,8 @@ def _device_session(platform: str) -> None:
             )
         # The common tests plus the ones marked for this platform, one xdist worker per core
         # (they share the device: each test's footprint is small).
-        _pytest(session, f"({platform} or not ({DEVICE_MARKS})) and not contract and not soak", workers="auto")
+        _pytest(session, f"({platform} or not ({DEVICE_MARKS})) and not contract and not soak and not slow",
+                workers="auto")
 
     session_fn.__doc__ = f"Common tests plus those marked {platform!r}, with the [{spec['extra']}] extra."
     nox.session(name=f"test-{platform}")(session_fn)

@@ -17,7 +17,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GP
 def _run(path: str, spec: dict | None, params):
     from octavo import LLM
 
-    llm = LLM(path, dtype="float32", speculative_config=spec, gpu_memory_utilization=0.3)
+    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256)
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
     stats = llm.llm_engine.get_stats()
     assert not llm.llm_engine.core.async_scheduling or spec is None
@@ -53,7 +53,7 @@ def _run_draft(path: str, draft: str, params, k: int = 3):
     from octavo import LLM
 
     spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
-    llm = LLM(path, dtype="float32", speculative_config=spec, gpu_memory_utilization=0.3, max_num_seqs=16)
+    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16)
     drafter = llm.llm_engine.core.runner.drafter
     assert drafter.graph_runner is not None and drafter.graph_runner.graphs  # single-token passes captured
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
