@@ -24,6 +24,10 @@ def _opt_float(name: str) -> Callable[[], float | None]:
     return lambda: float(os.environ[name]) if os.environ.get(name, "").strip() else None
 
 
+def _opt_int(name: str) -> Callable[[], int | None]:
+    return lambda: int(os.environ[name]) if os.environ.get(name, "").strip() else None
+
+
 def _bool(name: str, default: bool) -> Callable[[], bool]:
     return lambda: os.environ.get(name, "1" if default else "0").strip().lower() in (
         "1",
@@ -47,6 +51,11 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
     "OCTAVO_MOE_BACKEND": (
         _str("OCTAVO_MOE_BACKEND", None),
         "Force the mixture-of-experts kernel by name (torch_ref, cpu_grouped, triton_grouped).",
+    ),
+    "OCTAVO_MOE_GEMV_MAX_PAIRS": (
+        _opt_int("OCTAVO_MOE_GEMV_MAX_PAIRS"),
+        "Most token-expert pairs the Triton MoE kernel runs as per-pair GEMVs instead of the "
+        "grouped GEMM (unset: half the local experts, at least top-k; 0: never).",
     ),
     "OCTAVO_CPU_KVCACHE_SPACE": (
         _opt_float("OCTAVO_CPU_KVCACHE_SPACE"),

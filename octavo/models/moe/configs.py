@@ -7,6 +7,10 @@ decode step routes ~M/E pairs to each active expert, so a large BLOCK_M mostly m
 zero padding) and widens tiles for large batches where the GEMMs become compute-bound.
 
 ``benchmarks/bench_moe.py --tune`` measures candidates on a device and prints table entries.
+
+Few pairs skip the grouped GEMM for ``triton_gemv`` (one GEMV per pair): ``use_gemv`` decides
+from the static shape (the number of tokens is fixed per captured graph), ``gemv_config`` gives
+its tiles.
 """
 
 from __future__ import annotations
@@ -67,3 +71,47 @@ def get_config(
                 if num_pairs <= bound:
                     return cfg
     return default_config(num_experts, num_pairs, dtype)
+
+
+# -- the small-batch GEMV path ------------------------------------------------------------
+GEMV_CONFIG: Config = dict(
+    GATE_UP_BLOCK_N=8, GATE_UP_BLOCK_K=512, GATE_UP_WARPS=4,
+    DOWN_BLOCK_N=4, DOWN_BLOCK_K=256, DOWN_WARPS=4,
+)
+
+
+def gemv_config(dtype: torch.dtype) -> Config:
+    """Tiles of ``triton_gemv``. Each program streams ``BLOCK_N`` weight rows in ``BLOCK_K``
+    chunks; narrow rows make the grid (pairs x rows / BLOCK_N) large enough that every SM has
+    several programs' loads in flight, which is what a weight stream needs. float32 halves
+    ``BLOCK_K`` so a chunk keeps the same bytes and registers."""
+    cfg = dict(GEMV_CONFIG)
+    if dtype == torch.float32:
+        cfg["GATE_UP_BLOCK_K"] //= 2
+        cfg["DOWN_BLOCK_K"] //= 2
+    return cfg
+
+
+def gemv_max_pairs(num_experts: int, top_k: int) -> int:
+    """Largest number of token-expert pairs that takes the GEMV path.
+
+    The GEMV path reads an expert's weights once per pair; the grouped GEMM once per expert
+    (plus its padding and the align pass). With P pairs routed at random over E experts the
+    expected number of distinct experts is ``E * (1 - (1 - 1/E) ** P)``; at ``P = E / 2``
+    that is ``0.39 E``, so the GEMV path reads ~1.27x the grouped path's bytes, which its
+    near-bandwidth stream still beats. Beyond that the duplicate reads grow quickly, so the
+    bound is ``E / 2`` pairs (64 for 128 experts: 8 tokens of top-8), never below ``top_k``
+    (one token's k experts are distinct: batch 1 always reads each once).
+    ``OCTAVO_MOE_GEMV_MAX_PAIRS`` overrides the bound (0 turns the path off).
+    """
+    from octavo import envs
+
+    forced = envs.OCTAVO_MOE_GEMV_MAX_PAIRS
+    if forced is not None:
+        return forced
+    return max(num_experts // 2, top_k)
+
+
+def use_gemv(num_pairs: int, num_experts: int, top_k: int) -> bool:
+    """Whether ``num_pairs`` token-expert pairs run on the GEMV path (see ``gemv_max_pairs``)."""
+    return 0 < num_pairs <= gemv_max_pairs(num_experts, top_k)

@@ -1,5 +1,7 @@
 """CUDA/ROCm experts: Triton routing, grouping and grouped GEMMs (``triton_routing``,
-``triton_gemm``). Triton is imported on first use, not with this class, so choosing or
+``triton_gemm``); batches of few token-expert pairs (``configs.use_gemv``: a static choice
+from the shape, so each captured graph holds one path) run as per-pair GEMVs instead
+(``triton_gemv``: no grouping, weights streamed near bandwidth). Triton is imported on first use, not with this class, so choosing or
 describing the kernel never initialises a Triton driver."""
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ class TritonGroupedExperts(ExpertsKernel):
 
         return triton_routing.route(router_logits, top_k, renormalize, expert_start, num_local)
 
+    def describe(self) -> str:
+        return f"{self.name} (per-pair GEMV at few pairs)"
+
     def apply(self, x, w13, w2, weights, ids):
+        from octavo.models.moe.configs import use_gemv
+
+        if use_gemv(ids.numel(), w13.shape[0], ids.shape[-1]):
+            from octavo.models.moe.kernels.triton_gemv import gemv_experts
+
+            return gemv_experts(x, w13, w2, weights, ids)
         from octavo.models.moe.kernels.triton_gemm import fused_experts
 
         return fused_experts(x, w13, w2, weights, ids)
