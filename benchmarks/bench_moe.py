@@ -7,6 +7,8 @@ beside a baseline measured in the same run.
     python benchmarks/bench_moe.py octavo                     # batch-1 TPOT vs roofline, throughput
     python benchmarks/bench_moe.py hf                         # HF transformers generate, same shape
     python benchmarks/bench_moe.py all --shape tiny_moe       # dry run on a CPU (small shape)
+    python benchmarks/bench_moe.py decode --out d.json        # gemv --tune + octavo batch 1 only
+    python benchmarks/bench_moe.py gemv [--tune]              # per-pair GEMV vs grouped, 1-16 tokens
 
 The model is a ``config.json`` written here (no download): octavo loads it with
 ``load_format="dummy"``, HF with ``from_config``. Each engine runs in its own process.
@@ -19,6 +21,11 @@ The model is a ``config.json`` written here (no download): octavo loads it with
   prompts (median of 3) against the roofline of the *active* weights (attention, norms, router
   and the top-8 experts of every layer, plus the LM head) / the copy bandwidth measured in the
   same process; then 128 requests x (512 prompt / 256 output tokens) throughput.
+- gemv (CUDA only): the experts alone at 1, 2, 4, 8, 16 tokens, replayed from CUDA graphs over
+  rotating routings and weight copies: the per-pair GEMV path against the grouped GEMM and the
+  roofline of the distinct routed experts' bytes; ``--tune`` times GEMV tile candidates.
+- octavo also times the batch-1 device step (graph replay) with the GEMV path and with the
+  grouped GEMM forced (``OCTAVO_MOE_GEMV_MAX_PAIRS=0``), each in a fresh size-1 graph.
 - hf: the same two measurements with HF ``generate`` (batch 1, then the 128 prompts at once).
 """
 
@@ -188,6 +195,118 @@ def _tune(fused_experts, case, reps) -> dict:
     return {"best_s": best[0], "config": best[1]} if best else {}
 
 
+# -- the small-batch GEMV path against the grouped GEMM ----------------------------------
+GEMV_TOKENS = (1, 2, 4, 8, 16)
+GEMV_TUNE_TOKENS = (1, 8)
+# (gate/up BLOCK_N, BLOCK_K, warps, down BLOCK_N, BLOCK_K, warps); the first is the default.
+GEMV_CANDIDATES = [
+    dict(GATE_UP_BLOCK_N=gn, GATE_UP_BLOCK_K=gk, GATE_UP_WARPS=gw, DOWN_BLOCK_N=dn, DOWN_BLOCK_K=dk, DOWN_WARPS=dw)
+    for gn, gk, gw, dn, dk, dw in [
+        (8, 512, 4, 4, 256, 4), (4, 512, 4, 2, 256, 4), (16, 256, 4, 8, 128, 4),
+        (4, 1024, 4, 4, 128, 4), (8, 512, 8, 8, 256, 8), (16, 512, 8, 4, 512, 4),
+    ]
+]
+WEIGHT_COPIES = 4  # distinct expert weights the timed calls rotate over (none served from L2)
+CALLS = 8  # calls per captured graph, each with its own routing
+
+
+def _gemv_cases(t: int, shape: dict, weights: list) -> list[tuple]:
+    """``CALLS`` routed batches of ``t`` tokens (x, weights, ids, w13, w2), Triton-routed,
+    rotating over the weight copies."""
+    import torch
+
+    from octavo.models.moe.kernels import triton_routing
+
+    e, k, h = shape["num_experts"], shape["num_experts_per_tok"], shape["hidden_size"]
+    dev, dtype = weights[0][0].device, weights[0][0].dtype
+    out = []
+    for c in range(CALLS):
+        g = torch.Generator(device=dev).manual_seed(1000 * t + c)
+        x = torch.randn(t, h, generator=g, device=dev).to(dtype)
+        w, ids = triton_routing.route(torch.randn(t, e, generator=g, device=dev), k, True, 0, e)
+        out.append((x, w, ids, *weights[c % len(weights)]))
+    return out
+
+
+def _timer():
+    """ms per call of a list of calls: CUDA-graph replay on a GPU, wall clock elsewhere (the
+    interpreter dry run)."""
+    if _cuda():
+        from octavo.quantization.kernels.triton_gemv import graph_time_ms
+
+        return graph_time_ms
+    return lambda calls: _time(lambda: [c() for c in calls], reps=1) * 1e3 / len(calls)
+
+
+def _gemv_row(t: int, shape: dict, weights: list, bw: float) -> dict:
+    import torch
+
+    from octavo.models.moe.kernels.torch_ref import TorchRefExperts
+    from octavo.models.moe.kernels.triton_gemm import fused_experts
+    from octavo.models.moe.kernels.triton_gemv import gemv_experts
+
+    cases = _gemv_cases(t, shape, weights)
+    h, i = shape["hidden_size"], shape["moe_intermediate_size"]
+    distinct = statistics.mean(int(torch.unique(c[2]).numel()) for c in cases)
+    row = {"tokens": t, "pairs": t * shape["num_experts_per_tok"], "distinct_experts": distinct,
+           "roofline_s": distinct * 3 * h * i * 2 / bw}
+    for name, fn in (("gemv", gemv_experts), ("grouped", fused_experts)):
+        row[f"{name}_s"] = _timer()([lambda c=c, fn=fn: fn(c[0], c[3], c[4], c[1], c[2]) for c in cases]) / 1e3
+        row[f"{name}_vs_roofline"] = row[f"{name}_s"] / row["roofline_s"]
+    row["grouped_vs_gemv"] = row["grouped_s"] / row["gemv_s"]
+    x, w, ids, w13, w2 = cases[0]
+    ref = TorchRefExperts(w13.dtype).apply(x, w13, w2, w, ids).float()
+    for name, fn in (("gemv", gemv_experts), ("grouped", fused_experts)):
+        row[f"{name}_rel_err"] = float((fn(x, w13, w2, w, ids).float() - ref).norm() / ref.norm())
+    return row
+
+
+def _gemv_tune(t: int, shape: dict, weights: list) -> dict[str, float]:
+    """us per call of every ``GEMV_CANDIDATES`` tiling at ``t`` tokens (same timing as the rows)."""
+    from octavo.models.moe.kernels.triton_gemv import gemv_experts
+
+    cases, out = _gemv_cases(t, shape, weights), {}
+    for cand in GEMV_CANDIDATES:
+        key = ",".join(str(v) for v in cand.values())
+        try:
+            calls = [lambda c=c, cand=cand: gemv_experts(c[0], c[3], c[4], c[1], c[2], config=cand) for c in cases]
+            out[key] = _timer()(calls) * 1e3
+        except Exception as e:  # a tile that does not compile: skip it
+            log("gemv candidate failed", key, type(e).__name__, e)
+    return out
+
+
+def cmd_gemv(args) -> dict:
+    """Kernel time of the experts alone at 1-16 tokens, every call replayed from a CUDA graph
+    (as in decode: no host launch gaps) over ``CALLS`` routings and ``WEIGHT_COPIES`` weight
+    copies: the per-pair GEMV path, the grouped GEMM (align + two GEMMs + top-k sum), and the
+    roofline of the distinct experts' bytes at the copy bandwidth of this run."""
+    import torch
+
+    shape = SHAPES[args.shape]
+    e, h, i = shape["num_experts"], shape["hidden_size"], shape["moe_intermediate_size"]
+    if _cuda():
+        dev, dtype = "cuda", torch.bfloat16
+        bw = bench_cuda.cmd_bandwidth(args)["bandwidth_Bps"]
+        torch.cuda.empty_cache()
+    else:  # a dry run of the script under TRITON_INTERPRET=1 (the times mean nothing)
+        dev, dtype, bw = "cpu", torch.float32, 1e10
+    weights = [((torch.randn(e, 2 * i, h, device=dev) * h**-0.5).to(dtype),
+                (torch.randn(e, h, i, device=dev) * i**-0.5).to(dtype)) for _ in range(WEIGHT_COPIES)]
+    r: dict = {"bench": "moe_gemv", "shape": args.shape, "device": dev, "bandwidth_Bps": bw, "rows": []}
+    for t in GEMV_TOKENS:
+        row = _gemv_row(t, shape, weights, bw)
+        log(json.dumps(row))
+        r["rows"].append(row)
+        result(r)  # partial results survive a timeout
+    if args.tune:  # after every row: the sweep is what a timeout may cut
+        for t in GEMV_TUNE_TOKENS:
+            r.setdefault("tune_us", {})[str(t)] = _gemv_tune(t, shape, weights)
+            log(f"tune {t} tokens", json.dumps(r["tune_us"][str(t)]))
+            result(r)
+    return r
+
+
 # -- octavo -------------------------------------------------------------------------------
 def cmd_octavo(args) -> dict:
     import torch
@@ -204,15 +323,16 @@ def cmd_octavo(args) -> dict:
     vocab = SHAPES[args.shape]["vocab_size"]
     t0 = time.perf_counter()
     llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=1024,
-              max_num_seqs=num_reqs, max_num_batched_tokens=8192, enable_prefix_caching=False,
-              gpu_memory_utilization=0.85, enforce_eager=args.enforce_eager)
+              max_num_seqs=4 if args.skip_throughput else num_reqs, max_num_batched_tokens=8192,
+              enable_prefix_caching=False, gpu_memory_utilization=0.85, enforce_eager=args.enforce_eager)
     runner = llm.llm_engine.core.runner
     cost = moe_cost(llm.llm_engine.config.model_config.hf_config)
     r.update(startup_s=time.perf_counter() - t0, weight_bytes=runner.model_bytes(),
              active_weight_bytes=cost.active_params * 2, moe=llm.llm_engine.core.executor.worker_infos[0]["moe"],
              graphs=runner.graph_runner is not None)
     log("startup", r)
-    _timed_generate(llm, random_prompts(num_reqs, prompt_len, vocab, 99), 4)  # warm every shape
+    if not args.skip_throughput:
+        _timed_generate(llm, random_prompts(num_reqs, prompt_len, vocab, 99), 4)  # warm every shape
     _timed_generate(llm, random_prompts(1, prompt_len, vocab, 98), 4)
     bench_cuda.PROMPT_LEN = prompt_len
     tpot, samples = _decode_step_time(llm, 1, vocab, 1000, out_len, reps=args.reps)
@@ -222,12 +342,40 @@ def cmd_octavo(args) -> dict:
         r["tpot_b1_vs_roofline"] = tpot / r["roofline_active_s"]
     log(f"batch-1 TPOT {tpot * 1e3:.3f} ms {r.get('tpot_b1_vs_roofline', '')}")
     result(r)  # partial: batch 1 survives a timeout in the throughput run
-    t, n = _timed_generate(llm, random_prompts(num_reqs, prompt_len, vocab, 7), out_len)
-    r.update(throughput_s=t, throughput_tokens=n, throughput_tok_per_s=n / t)
-    log(f"throughput {n} tokens in {t:.2f}s = {n / t:.0f} tok/s")
+    if r["graphs"]:
+        r.update(_gemv_on_off(llm))
+        result(r)
+    if not args.skip_throughput:
+        t, n = _timed_generate(llm, random_prompts(num_reqs, prompt_len, vocab, 7), out_len)
+        r.update(throughput_s=t, throughput_tokens=n, throughput_tok_per_s=n / t)
+        log(f"throughput {n} tokens in {t:.2f}s = {n / t:.0f} tok/s")
     llm.shutdown()
     result(r)
     return r
+
+
+def _gemv_on_off(llm) -> dict:
+    """Batch-1 device step (graph replay + logits, 767-token context) with the experts' GEMV
+    path (the default) and with the grouped GEMM (``OCTAVO_MOE_GEMV_MAX_PAIRS=0``), each in a
+    freshly captured size-1 graph of the same engine."""
+    from octavo.worker.cuda_graph import GraphRunner
+
+    runner, res = llm.llm_engine.core.runner, {}
+    old = os.environ.get("OCTAVO_MOE_GEMV_MAX_PAIRS")
+    for name, bound in (("device_step_gemv_s", old), ("device_step_grouped_s", "0")):
+        if bound is None:
+            os.environ.pop("OCTAVO_MOE_GEMV_MAX_PAIRS", None)
+        else:
+            os.environ["OCTAVO_MOE_GEMV_MAX_PAIRS"] = bound
+        gr = GraphRunner(runner, [1])
+        gr.capture()
+        res[name] = bench_cuda._device_step_time(llm, gr=gr)
+        log(f"{name} {res[name] * 1e3:.3f} ms")
+    if old is None:
+        os.environ.pop("OCTAVO_MOE_GEMV_MAX_PAIRS", None)
+    else:
+        os.environ["OCTAVO_MOE_GEMV_MAX_PAIRS"] = old
+    return res
 
 
 # -- HF transformers ----------------------------------------------------------------------
@@ -300,21 +448,44 @@ def _sub(argv: list[str], timeout: float, logf) -> dict | None:
 
 
 def cmd_all(args) -> dict:
+    """kernel, octavo and hf (``all``); or gemv + octavo batch 1 only (``decode``)."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     common = ["--shape", args.shape, "--model-root", args.model_root, "--reps", str(args.reps)]
+    tune = ["--tune"] if args.tune else []
+    if args.cmd == "decode":
+        steps = (("gemv", ["--tune"], args.kernel_timeout), ("octavo", ["--skip-throughput"], args.timeout))
+    else:
+        steps = (("kernel", tune, args.kernel_timeout), ("octavo", [], args.timeout), ("hf", [], args.hf_timeout))
     res: dict = {}
     with open(out.with_suffix(".log"), "a") as logf:
-        for name, extra, limit in (("kernel", ["--tune"] if args.tune else [], args.kernel_timeout),
-                                   ("octavo", [], args.timeout), ("hf", [], args.hf_timeout)):
+        for name, extra, limit in steps:
             res[name] = _sub([name, *common, *extra], limit, logf)
             out.write_text(json.dumps(res, indent=1))
     summarize(res)
     return res
 
 
-def summarize(res: dict) -> None:
+def _gemv_lines(g: dict) -> list[str]:
     lines = []
+    for row in g.get("rows", []):
+        line = (f"[gemv] {row['tokens']:>2} tokens ({row['distinct_experts']:.1f} experts): per-pair GEMV "
+                f"{row['gemv_s'] * 1e6:.1f} us = {row['gemv_vs_roofline']:.2f}x expert-weight roofline "
+                f"({row['roofline_s'] * 1e6:.1f} us), grouped {row['grouped_s'] * 1e6:.1f} us = "
+                f"{row['grouped_vs_roofline']:.2f}x -> GEMV {row['grouped_vs_gemv']:.2f}x faster; "
+                f"rel err vs torch_ref {row['gemv_rel_err']:.1e} / {row['grouped_rel_err']:.1e}")
+        lines.append(line)
+    for t, times in (g.get("tune_us") or {}).items():
+        if times:
+            best = min(times, key=times.get)
+            first = next(iter(times))  # the default tiles
+            lines.append(f"[gemv] tiles at {t} tokens: default {first} {times[first]:.1f} us, best {best} "
+                         f"{times[best]:.1f} us ({len(times)} timed)")
+    return lines
+
+
+def summarize(res: dict) -> None:
+    lines = _gemv_lines(res.get("gemv") or {})
     k = res.get("kernel") or {}
     for row in k.get("rows", []):
         line = f"[kernel {k['device']}] {row['tokens']:>5} tokens ({row['active_experts']} experts): loop {row['loop_s'] * 1e6:.0f} us, sorted loop {row['sorted_loop_s'] * 1e6:.0f} us"
@@ -333,6 +504,10 @@ def summarize(res: dict) -> None:
         if h.get("tpot_b1_s"):
             line += f"; HF generate {h['tpot_b1_s'] * 1e3:.3f} ms -> {h['tpot_b1_s'] / o['tpot_b1_s']:.1f}x"
         lines.append(line)
+    if o.get("device_step_gemv_s") and o.get("device_step_grouped_s"):
+        lines.append(f"[octavo] batch-1 device step: experts as GEMVs {o['device_step_gemv_s'] * 1e3:.3f} ms, "
+                     f"as grouped GEMM {o['device_step_grouped_s'] * 1e3:.3f} ms "
+                     f"({o['device_step_grouped_s'] / o['device_step_gemv_s']:.2f}x)")
     if o.get("throughput_tok_per_s"):
         line = f"[octavo] throughput {o['throughput_tok_per_s']:.0f} tok/s"
         if h.get("throughput_tok_per_s"):
@@ -348,14 +523,15 @@ def summarize(res: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("kernel", "octavo", "hf", "all"):
+    for name in ("kernel", "gemv", "octavo", "hf", "all", "decode"):
         p = sub.add_parser(name)
         p.add_argument("--shape", default="qwen3_30b_a3b", choices=sorted(SHAPES))
         p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "octavo_bench_models"))
         p.add_argument("--reps", type=int, default=3)
         p.add_argument("--enforce-eager", action="store_true")
-        p.add_argument("--tune", action="store_true", help="sweep tile configs of the grouped GEMM")
-        if name == "all":
+        p.add_argument("--tune", action="store_true", help="sweep tile configs (grouped GEMM / GEMV)")
+        p.add_argument("--skip-throughput", action="store_true", help="octavo: batch 1 only (4 sequences)")
+        if name in ("all", "decode"):
             p.add_argument("--out", default="bench_moe.json")
             p.add_argument("--kernel-timeout", type=float, default=60)
             p.add_argument("--timeout", type=float, default=130)
@@ -365,7 +541,8 @@ def main() -> None:
         from octavo.logger import configure_logging
 
         configure_logging()  # startup lines: MoE kernel and placement, memory profile, graphs
-    {"kernel": cmd_kernel, "octavo": cmd_octavo, "hf": cmd_hf, "all": cmd_all}[args.cmd](args)
+    cmds = {"kernel": cmd_kernel, "gemv": cmd_gemv, "octavo": cmd_octavo, "hf": cmd_hf, "all": cmd_all, "decode": cmd_all}
+    cmds[args.cmd](args)
 
 
 if __name__ == "__main__":

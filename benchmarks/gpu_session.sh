@@ -6,7 +6,9 @@
 #   pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b
 #   (pytest_llama: the engine tests of the llama fixture and memory profiling only;
 #    async_llama8b: batch-1 TPOT with async scheduling on vs off, bandwidth in the same process;
-#    pytest_moe, moe: the mixture-of-experts GPU tests and the Qwen3-30B-A3B-shape benchmark)
+#    pytest_moe, moe: the mixture-of-experts GPU tests and the Qwen3-30B-A3B-shape benchmark;
+#    moe_decode, pytest_moe_gemv: the experts' small-batch GEMV path against the grouped GEMM at
+#    1-16 tokens, batch-1 TPOT and device step with it on/off, then its GPU tests)
 set -u
 OUT=${OUT:-/tmp/octavo-gpu-session}
 mkdir -p "$OUT"
@@ -55,6 +57,8 @@ step_hfbatch_qwen05b() { run 90 bench.log $B hf-generate-batch --shape qwen05b; 
 # Mixture of experts: the MoE kernel/engine GPU tests, then the Qwen3-30B-A3B-shape benchmark
 # (grouped kernel vs per-expert loops, batch-1 TPOT vs active-weight roofline, throughput, HF).
 step_pytest_moe() { run 120 pytest_moe.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rfE tests/models/moe tests/models/test_llama_moe.py; }
+step_moe_decode() { run 150 bench_moe.txt python3 benchmarks/bench_moe.py decode --out "$OUT/bench_moe_decode.json" --kernel-timeout 55 --timeout 95; }
+step_pytest_moe_gemv() { run 90 pytest_moe.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rfE tests/models/moe/test_triton_gemv.py tests/models/test_llama_moe.py; }
 step_moe() { run 245 bench_moe.txt python3 benchmarks/bench_moe.py all --out "$OUT/bench_moe.json" --kernel-timeout 40 --timeout 115 --hf-timeout 85; }
 
 STEPS=${*:-env pytest_kernels octavo_llama8b hf_llama8b pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b}
@@ -66,5 +70,5 @@ if [ -f "$OUT/bench.log" ]; then
 fi
 [ -f "$OUT/pytest.log" ] && grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5
 [ -f "$OUT/pytest_moe.log" ] && grep -E "passed|failed|error" "$OUT/pytest_moe.log" | tail -3
-[ -f "$OUT/bench_moe.txt" ] && grep -E "^\[(kernel|octavo)" "$OUT/bench_moe.txt"
+[ -f "$OUT/bench_moe.txt" ] && grep -E "^\[(kernel|gemv|octavo)" "$OUT/bench_moe.txt"
 [ -f "$OUT/nox.log" ] && grep -E "passed|failed|error|Session|rc=" "$OUT/nox.log" | tail -8

@@ -95,13 +95,13 @@ def gemv_config(dtype: torch.dtype) -> Config:
 def gemv_max_pairs(num_experts: int, top_k: int) -> int:
     """Largest number of token-expert pairs that takes the GEMV path.
 
-    The GEMV path reads an expert's weights once per pair; the grouped GEMM once per expert
+    The GEMV path requests an expert's weights once per pair; the grouped GEMM once per expert
     (plus its padding and the align pass). With P pairs routed at random over E experts the
     expected number of distinct experts is ``E * (1 - (1 - 1/E) ** P)``; at ``P = E / 2``
-    that is ``0.39 E``, so the GEMV path reads ~1.27x the grouped path's bytes, which its
-    near-bandwidth stream still beats. Beyond that the duplicate reads grow quickly, so the
-    bound is ``E / 2`` pairs (64 for 128 experts: 8 tokens of top-8), never below ``top_k``
-    (one token's k experts are distinct: batch 1 always reads each once).
+    that is ``0.39 E``: 1.27 requests per distinct expert. The GEMV kernels order programs so
+    that repeats mostly hit L2, but that is not guaranteed, and the repeats grow quickly past
+    this point, so the bound is ``E / 2`` pairs (64 for 128 experts: 8 tokens of top-8), never
+    below ``top_k`` (one token's k experts are distinct: batch 1 reads each exactly once).
     ``OCTAVO_MOE_GEMV_MAX_PAIRS`` overrides the bound (0 turns the path off).
     """
     from octavo import envs

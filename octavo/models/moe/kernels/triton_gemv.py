@@ -15,12 +15,13 @@ against one token's activations in float32 FMAs (no tensor cores, no padding):
    in registers. The top-k sum therefore needs no atomics and no extra launch, and its order
    is fixed: the result is deterministic run to run.
 
-Both launches have static grids (``pairs x n-blocks`` and ``tokens x n-blocks``) and allocate
+Both launches have static grids (``n-blocks x pairs`` and ``n-blocks x tokens``) and allocate
 only ``inter`` and the output, so the path records into CUDA graphs. Each program reads
 ``BLOCK_N`` full rows; the grid is what fills the SMs (a Qwen3-30B-A3B token gives 768 gate/up
-and 512 down programs with the default tiles). Expert weights are read once per *pair*, not
-once per expert: tokens sharing an expert read it twice (``configs.use_gemv`` bounds how many
-pairs take this path for that reason).
+and 512 down programs with the default tiles). Expert weights are requested once per *pair*,
+not once per expert; program ids run over pairs fastest, so pairs sharing an expert ask for
+the same rows at about the same time and the repeats are mostly served from L2
+(``configs.use_gemv`` still bounds how many pairs take this path).
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ from octavo.models.moe.configs import Config, gemv_config
 @triton.jit
 def _gemv_gate_up_kernel(
     x_ptr, w_ptr, ids_ptr, out_ptr,
-    N, K, num_experts, n_blocks,
+    N, K, num_experts, num_pairs,
     stride_xm, stride_we, stride_wn, stride_om,
     TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    pair = (pid // n_blocks).to(tl.int64)
-    offs_n = (pid % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(0)  # n-block major: pairs sharing an expert read its rows together (L2)
+    pair = (pid % num_pairs).to(tl.int64)
+    offs_n = (pid // num_pairs) * BLOCK_N + tl.arange(0, BLOCK_N)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
     if expert >= num_experts:
         return  # an expert of another rank: the down kernel skips this pair
@@ -69,14 +70,14 @@ def _gemv_gate_up_kernel(
 @triton.jit
 def _gemv_down_kernel(
     a_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr,
-    N, K, num_experts, n_blocks,
+    N, K, num_experts, num_tokens,
     stride_am, stride_we, stride_wn, stride_om,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    token = (pid // n_blocks).to(tl.int64)
-    offs_n = (pid % n_blocks) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(0)  # n-block major, as in the gate/up kernel
+    token = (pid % num_tokens).to(tl.int64)
+    offs_n = (pid // num_tokens) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     slot = tl.arange(0, K_PAD)
     pair = token * TOP_K + slot
@@ -125,7 +126,7 @@ def gemv_experts(
     n_blocks = triton.cdiv(inter, bn)
     _gemv_gate_up_kernel[(num_tokens * top_k * n_blocks,)](
         x, w13, ids, inter_buf,
-        inter, hidden, num_experts, n_blocks,
+        inter, hidden, num_experts, num_tokens * top_k,
         x.stride(0), w13.stride(0), w13.stride(1), inter_buf.stride(0),
         TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=hidden % bk == 0, num_warps=cfg["GATE_UP_WARPS"],
     )
@@ -133,7 +134,7 @@ def gemv_experts(
     n_blocks = triton.cdiv(hidden, bn)
     _gemv_down_kernel[(num_tokens * n_blocks,)](
         inter_buf, w2, ids, weights, out,
-        hidden, inter, num_experts, n_blocks,
+        hidden, inter, num_experts, num_tokens,
         inter_buf.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
         TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_N=bn, BLOCK_K=bk,
         EVEN_K=inter % bk == 0, num_warps=cfg["DOWN_WARPS"],
