@@ -22,13 +22,22 @@ import torch
 Config = dict[str, int]
 
 # (device-name substring, dtype, E, I, H) -> [(max pairs M, config), ...] ascending in M.
-# Starting entries for the Qwen3-30B-A3B expert shape (128 experts, I=768, H=2048) in bf16 on
-# Hopper, reasoned from the shape (not yet measured); replace them with what the sweep prints.
+# Entries for the Qwen3-30B-A3B expert shape (128 experts, I=768, H=2048) in bf16 on Hopper,
+# reasoned from the shape and laid out like vLLM's tuned table for this shape on the H200
+# (not yet measured here; ``bench_moe.py kernel --tune`` prints replacements):
+# - BLOCK_M stays 16 while experts average <= 8 pairs (<= 1024 pairs = 128 tokens of top-8): a
+#   bigger M tile reads the same weights and only multiplies padding; 32 from ~16 pairs per
+#   expert, 64 and 128 once the GEMMs approach compute-bound;
+# - the gate/up program holds two weight tiles (gate and up), so its BLOCK_N covers twice the
+#   weight columns of an unfused kernel's: 128 here is vLLM's 256;
+# - up to 64 pairs the per-pair GEMV path runs instead (``use_gemv``); the first entry serves
+#   only when that path is turned off.
 TUNED: dict[tuple[str, torch.dtype, int, int, int], list[tuple[int, Config]]] = {
     ("H200", torch.bfloat16, 128, 768, 2048): [
-        # Decode: ~M/E pairs per expert; narrow N tiles put more SMs on the weight stream.
         (64, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=4)),
-        (512, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)),
+        (256, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)),
+        (1024, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=2)),
+        (2048, dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=2)),
         (4096, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)),
         (1 << 62, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)),
     ],
