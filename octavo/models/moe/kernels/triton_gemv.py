@@ -48,19 +48,19 @@ def _gemv_gate_up_kernel(
         return  # an expert of another rank: the down kernel skips this pair
     mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
-    x_row = x_ptr + (pair // TOP_K) * stride_xm
+    # x is loaded with the tile's rank ([1, BLOCK_K]): the broadcast over rows is a plain expand.
+    x_ptrs = x_ptr + (pair // TOP_K) * stride_xm + offs_k[None, :]
     g_ptrs = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn + offs_k[None, :]
     u_ptrs = g_ptrs + N * stride_wn
     acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        mask_k = (offs_k < K - k0) | EVEN_K  # EVEN_K: whole tiles, row masks only (wide loads)
-        mask = mask_n[:, None] & mask_k[None, :]
-        xk = tl.load(x_row + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-        g = tl.load(g_ptrs + k0, mask=mask, other=0.0).to(tl.float32)
-        u = tl.load(u_ptrs + k0, mask=mask, other=0.0).to(tl.float32)
-        acc_g += g * xk[None, :]
-        acc_u += u * xk[None, :]
+        mask_k = (offs_k[None, :] < K - k0) | EVEN_K  # EVEN_K: whole tiles, row masks only (wide loads)
+        xk = tl.load(x_ptrs + k0, mask=mask_k, other=0.0).to(tl.float32)
+        g = tl.load(g_ptrs + k0, mask=mask_n[:, None] & mask_k, other=0.0).to(tl.float32)
+        u = tl.load(u_ptrs + k0, mask=mask_n[:, None] & mask_k, other=0.0).to(tl.float32)
+        acc_g += g * xk
+        acc_u += u * xk
     gate = tl.sum(acc_g, axis=1)
     up = tl.sum(acc_u, axis=1)
     h = gate / (1.0 + tl.exp(-gate)) * up
@@ -85,17 +85,18 @@ def _gemv_down_kernel(
     ok = expert < num_experts  # padding slots and experts of other ranks read nothing
     expert = tl.where(ok, expert, 0)
     route_w = tl.load(weights_ptr + pair, mask=ok, other=0.0).to(tl.float32)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + pair[:, None] * stride_am + offs_k[None, :]  # [K_PAD, BLOCK_K]
-    w_ptrs = (w_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None] * stride_wn
-              + offs_k[None, None, :])  # [K_PAD, BLOCK_N, BLOCK_K]
-    w_rows_ok = ok[:, None, None] & mask_n[None, :, None]
+    offs_k = tl.arange(0, BLOCK_K)[None, None, :]
+    # inter rows [K_PAD, 1, BLOCK_K] against weight rows [K_PAD, BLOCK_N, BLOCK_K], both 3-D.
+    a_ptrs = a_ptr + pair[:, None, None] * stride_am + offs_k
+    w_ptrs = w_ptr + expert[:, None, None] * stride_we + offs_n[None, :, None] * stride_wn + offs_k
+    a_rows_ok = ok[:, None, None]
+    w_rows_ok = a_rows_ok & mask_n[None, :, None]
     acc = tl.zeros((K_PAD, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         mask_k = (offs_k < K - k0) | EVEN_K
-        a = tl.load(a_ptrs + k0, mask=ok[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        w = tl.load(w_ptrs + k0, mask=w_rows_ok & mask_k[None, None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(w * a[:, None, :], axis=2)
+        a = tl.load(a_ptrs + k0, mask=a_rows_ok & mask_k, other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs + k0, mask=w_rows_ok & mask_k, other=0.0).to(tl.float32)
+        acc += tl.sum(w * a, axis=2)
     out = tl.sum(acc * route_w[:, None], axis=0)  # the top-k sum, slots in a fixed order
     tl.store(out_ptr + token * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
 
