@@ -505,9 +505,14 @@ def summarize(res: dict) -> None:
             line += f"; HF generate {h['tpot_b1_s'] * 1e3:.3f} ms -> {h['tpot_b1_s'] / o['tpot_b1_s']:.1f}x"
         lines.append(line)
     if o.get("device_step_gemv_s") and o.get("device_step_grouped_s"):
-        lines.append(f"[octavo] batch-1 device step: experts as GEMVs {o['device_step_gemv_s'] * 1e3:.3f} ms, "
-                     f"as grouped GEMM {o['device_step_grouped_s'] * 1e3:.3f} ms "
-                     f"({o['device_step_grouped_s'] / o['device_step_gemv_s']:.2f}x)")
+        line = (f"[octavo] batch-1 device step: experts as GEMVs {o['device_step_gemv_s'] * 1e3:.3f} ms, "
+                f"as grouped GEMM {o['device_step_grouped_s'] * 1e3:.3f} ms "
+                f"({o['device_step_grouped_s'] / o['device_step_gemv_s']:.2f}x)")
+        one = next((r for r in (res.get("gemv") or {}).get("rows", []) if r["tokens"] == 1), None)
+        if one:  # how much of the step the experts' kernels account for (routing not included)
+            experts = SHAPES[o["shape"]]["num_hidden_layers"] * one["gemv_s"]
+            line += f"; of it {experts * 1e3:.3f} ms = layers x the 1-token GEMV kernel time"
+        lines.append(line)
     if o.get("throughput_tok_per_s"):
         line = f"[octavo] throughput {o['throughput_tok_per_s']:.0f} tok/s"
         if h.get("throughput_tok_per_s"):
