@@ -25,7 +25,16 @@ def _opt_float(name: str) -> Callable[[], float | None]:
 
 
 def _opt_int(name: str) -> Callable[[], int | None]:
-    return lambda: int(os.environ[name]) if os.environ.get(name, "").strip() else None
+    def get() -> int | None:
+        raw = os.environ.get(name, "").strip()
+        if not raw:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+    return get
 
 
 def _bool(name: str, default: bool) -> Callable[[], bool]:

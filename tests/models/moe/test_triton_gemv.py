@@ -71,6 +71,9 @@ def test_use_gemv_bound(monkeypatch):
     assert not configs.use_gemv(8, 128, 8)
     monkeypatch.setenv("OCTAVO_MOE_GEMV_MAX_PAIRS", "256")
     assert configs.use_gemv(256, 128, 8)
+    monkeypatch.setenv("OCTAVO_MOE_GEMV_MAX_PAIRS", "lots")
+    with pytest.raises(ValueError, match="OCTAVO_MOE_GEMV_MAX_PAIRS='lots' is not an integer"):
+        configs.use_gemv(8, 128, 8)
     assert configs.gemv_config(torch.float32)["DOWN_BLOCK_K"] == configs.gemv_config(torch.bfloat16)["DOWN_BLOCK_K"] // 2
 
 

@@ -1,8 +1,9 @@
 """CUDA/ROCm experts: Triton routing, grouping and grouped GEMMs (``triton_routing``,
 ``triton_gemm``); batches of few token-expert pairs (``configs.use_gemv``: a static choice
 from the shape, so each captured graph holds one path) run as per-pair GEMVs instead
-(``triton_gemv``: no grouping, weights streamed near bandwidth). Triton is imported on first use, not with this class, so choosing or
-describing the kernel never initialises a Triton driver."""
+(``triton_gemv``: no grouping, weights streamed near bandwidth). Triton is imported on first
+use, not with this class, so choosing or describing the kernel never initialises a Triton
+driver."""
 
 from __future__ import annotations
 
