@@ -101,6 +101,14 @@ def _gemv_down_kernel(
     tl.store(out_ptr + token * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
+def _dividing_block(k: int, block: int) -> int:
+    """``block`` halved until it divides ``k`` (at most down to 16): whole K tiles keep the
+    loads unmasked along K, hence 128-bit wide (e.g. a tensor-parallel shard's I = 384)."""
+    while k % block and block > 16:
+        block //= 2
+    return block
+
+
 def gemv_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -123,7 +131,7 @@ def gemv_experts(
     x, w13, w2 = x.contiguous(), w13.contiguous(), w2.contiguous()
     ids, weights = ids.contiguous(), weights.to(torch.float32).contiguous()
     inter_buf = torch.empty(num_tokens * top_k, inter, dtype=x.dtype, device=x.device)
-    bn, bk = cfg["GATE_UP_BLOCK_N"], cfg["GATE_UP_BLOCK_K"]
+    bn, bk = cfg["GATE_UP_BLOCK_N"], _dividing_block(hidden, cfg["GATE_UP_BLOCK_K"])
     n_blocks = triton.cdiv(inter, bn)
     _gemv_gate_up_kernel[(num_tokens * top_k * n_blocks,)](
         x, w13, ids, inter_buf,
@@ -131,7 +139,7 @@ def gemv_experts(
         x.stride(0), w13.stride(0), w13.stride(1), inter_buf.stride(0),
         TOP_K=top_k, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=hidden % bk == 0, num_warps=cfg["GATE_UP_WARPS"],
     )
-    bn, bk = cfg["DOWN_BLOCK_N"], cfg["DOWN_BLOCK_K"]
+    bn, bk = cfg["DOWN_BLOCK_N"], _dividing_block(inter, cfg["DOWN_BLOCK_K"])
     n_blocks = triton.cdiv(hidden, bn)
     _gemv_down_kernel[(num_tokens * n_blocks,)](
         inter_buf, w2, ids, weights, out,
