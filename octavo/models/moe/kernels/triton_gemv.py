@@ -18,7 +18,9 @@ against one token's activations in float32 FMAs (no tensor cores, no padding):
 Both launches have static grids (``n-blocks x pairs`` and ``n-blocks x tokens``) and allocate
 only ``inter`` and the output, so the path records into CUDA graphs. Each program reads
 ``BLOCK_N`` full rows; the grid is what fills the SMs (a Qwen3-30B-A3B token gives 768 gate/up
-and 512 down programs with the default tiles). Expert weights are requested once per *pair*,
+and 512 down programs with the default tiles, several per SM of an H100/H200, so no split over
+K, which would need a second reduction pass, is needed). ``inter`` is stored in the
+activations' dtype, as the grouped path and transformers keep it. Expert weights are requested once per *pair*,
 not once per expert; program ids run over pairs fastest, so pairs sharing an expert ask for
 the same rows at about the same time and the repeats are mostly served from L2
 (``configs.use_gemv`` still bounds how many pairs take this path).
