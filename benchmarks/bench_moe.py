@@ -202,7 +202,7 @@ GEMV_TUNE_TOKENS = (1, 8)
 GEMV_CANDIDATES = [
     dict(GATE_UP_BLOCK_N=gn, GATE_UP_BLOCK_K=gk, GATE_UP_WARPS=gw, DOWN_BLOCK_N=dn, DOWN_BLOCK_K=dk, DOWN_WARPS=dw)
     for gn, gk, gw, dn, dk, dw in [
-        (8, 512, 4, 4, 256, 4), (4, 512, 4, 2, 256, 4), (16, 256, 4, 8, 128, 4),
+        (4, 512, 4, 2, 256, 4), (8, 512, 4, 4, 256, 4), (16, 256, 4, 8, 128, 4),
         (4, 1024, 4, 4, 128, 4), (8, 512, 8, 8, 256, 8), (16, 512, 8, 4, 512, 4),
     ]
 ]
