@@ -240,11 +240,11 @@ def _device_step_time(llm, iters=50, gr=None) -> float | None:
     gr = gr or runner.graph_runner
     if gr is None:
         return None
-    graph, out, _ = gr.graphs[1]
+    graph, out, _ = gr.graphs[(1, 1)]
     # A valid one-row decode over a 767-token context in blocks 1.. (no KV write).
     buf = runner.step_buffers
     ctx = PROMPT_LEN + OUTPUT_LEN - 1
-    buf.fill_dummy_decode(1)
+    buf.fill_dummy(1)
     buf.sl[0] = ctx
     nblk = -(-ctx // runner.block_size)
     buf.bt[:nblk].copy_(torch.arange(1, nblk + 1, dtype=torch.int32, device="cuda"))

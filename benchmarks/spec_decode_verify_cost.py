@@ -75,11 +75,14 @@ def make_engine(args: argparse.Namespace, root: Path):
 
 
 def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tuple[dict, dict]:
-    """(step times per mode, speculative counters of the timed steps per mode)."""
+    """(step times per mode, speculative counters of the timed steps per mode). A mode named
+    ``*_eager_verify`` runs its verify steps eagerly (the captured verify graphs set aside)."""
     from octavo import SamplingParams
     from octavo.platforms import current_platform
 
     core, engine = llm.llm_engine.core, llm.llm_engine
+    gr = core.runner.graph_runner
+    plans = {m: (gr.plan if not m.endswith("_eager_verify") else {1: gr.plan[1]}) if gr else None for m in proposers}
     total = 2 * args.blocks * (args.steps + 1) + 16
     engine.add_request("r", {"prompt_token_ids": [3 + i % (vocab - 3) for i in range(512)]},
                        SamplingParams(temperature=0, max_tokens=total * (args.k + 1), ignore_eos=True))
@@ -91,6 +94,8 @@ def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tu
     for _ in range(args.blocks):
         for mode, proposer in proposers.items():
             core.proposer = proposer
+            if gr is not None:
+                gr.plan = plans[mode]
             engine.step()  # the first step of a block verifies the previous block's drafts
             s0 = engine.get_stats()
             for _ in range(args.steps):
@@ -115,7 +120,10 @@ def main() -> int:
     vocab = SHAPES[args.shape]["vocab_size"]
     spec_mode = "draft" if args.draft_shape else "verify"
     speculating = llm.llm_engine.core.proposer if args.draft_shape else _FixedDrafts(args.k, vocab)
-    times, counts = time_modes(llm, {"plain": _FixedDrafts(0, vocab), spec_mode: speculating}, args, vocab)
+    modes = {"plain": _FixedDrafts(0, vocab), spec_mode: speculating}
+    if llm.llm_engine.core.runner.graph_runner is not None:  # same run: verify steps without graphs
+        modes[f"{spec_mode}_eager_verify"] = speculating
+    times, counts = time_modes(llm, modes, args, vocab)
     plain_s, spec_s = statistics.median(times["plain"]), statistics.median(times[spec_mode])
     ratio = spec_s / plain_s
     speedup = {f"acceptance_{int(a * 100)}": sum(a**i for i in range(args.k + 1)) / ratio for a in (0.5, 0.8)}
@@ -125,7 +133,11 @@ def main() -> int:
         "target_graphs": llm.llm_engine.core.runner.graph_runner is not None,
         "draft_graphs": getattr(llm.llm_engine.core.runner.drafter, "graph_runner", None) is not None,
         "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,
-        f"{spec_mode}_over_plain": ratio, "timed_draft_tokens": drafted, "timed_accepted_tokens": accepted,
+        f"{spec_mode}_over_plain": ratio,
+        **({f"{spec_mode}_eager_verify_over_plain": statistics.median(times[f"{spec_mode}_eager_verify"]) / plain_s}
+           if f"{spec_mode}_eager_verify" in times else {}),
+        "verify_replays": getattr(llm.llm_engine.core.runner.graph_runner, "verify_replays", None),
+        "timed_draft_tokens": drafted, "timed_accepted_tokens": accepted,
         "acceptance_rate": accepted / drafted if drafted else None,
         "speedup_at": speedup, "stats": str(llm.llm_engine.get_stats()),
     }))

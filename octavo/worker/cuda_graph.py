@@ -13,7 +13,11 @@ per group, so captured graphs read every group's table from its own static buffe
 8, then steps of 8 up to ``max_num_seqs`` (capped at ``MAX_CAPTURE_SIZE``), all reading the
 same static buffers. A decode step of ``B`` requests replays the graph of the smallest padded
 size ``>= B``; the padding rows decode a dummy token against the null block and write no KV
-(slot ``-1``). Steps that contain a prefill chunk run eagerly. ``--enforce-eager`` turns
+(slot ``-1``). With speculative decoding, uniform verify steps (every request runs the same
+``q = 1 + drafts`` query tokens, ``q`` up to ``1 + num_speculative_tokens``) replay graphs too,
+at padded sizes up to ``MAX_VERIFY_CAPTURE_SIZE``: an eager step of a large model at batch 1
+is bound by kernel launches, several times a decode step. Other steps (a prefill chunk, mixed
+draft counts) run eagerly. ``--enforce-eager`` turns
 capture off. ROCm builds of torch expose HIP graphs through the same ``torch.cuda.CUDAGraph``
 API, so the same code serves ``hip_graph``.
 """
@@ -32,6 +36,7 @@ from octavo.attention.backend import CommonAttentionMetadata
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURE_SIZE = 256
+MAX_VERIFY_CAPTURE_SIZE = 8  # verify graphs: small batches, where launches dominate a step
 GRAPH_MODES = ("cuda_graph", "hip_graph")
 
 
@@ -114,7 +119,8 @@ class StepBuffers:
         layout the captured graphs read.
         """
         t, b = len(token_ids), len(rows)
-        n, nb = pad_to or t, pad_to or b
+        nb = pad_to or b
+        n = nb * max_query_len if pad_to else t  # a padded step is uniform: q tokens per row
         width = self.width if pad_to else max_blocks
         self._host_free("inputs")
         self.ids_np[:t] = token_ids
@@ -124,8 +130,8 @@ class StepBuffers:
         if pad_to:
             self.ids_np[t:n] = 0
             self.pos_np[t:n] = 0
-            self.qsl_np[b + 1 : nb + 1] = np.arange(b + 1, nb + 1)
-            self.sl_np[b:nb] = 1
+            self.qsl_np[b + 1 : nb + 1] = np.arange(b + 1, nb + 1) * max_query_len
+            self.sl_np[b:nb] = max_query_len
         copies = [(self.ids, self.ids_h, n), (self.pos, self.pos_h, n), (self.qsl, self.qsl_h, nb + 1),
                   (self.sl, self.sl_h, nb)]
         copies += self._stage_tables(slot_mappings, block_tables, rows, t, n, nb, width)
@@ -175,36 +181,38 @@ class StepBuffers:
         self._mark_copied("indices")
         return self.li[:k]
 
-    def graph_metadata(self, size: int, max_seq_len: int) -> list[CommonAttentionMetadata]:
-        """Static metadata of a captured decode graph of ``size`` rows (views of the buffers),
-        one per KV cache group."""
-        w = self.width
+    def graph_metadata(self, size: int, max_seq_len: int, q: int = 1) -> list[CommonAttentionMetadata]:
+        """Static metadata of a captured graph of ``size`` rows of ``q`` query tokens each
+        (views of the buffers), one per KV cache group."""
+        w, t = self.width, size * q
         md = CommonAttentionMetadata(
             query_start_loc=self.qsl[: size + 1],
             seq_lens=self.sl[:size],
             block_table=self.bt[: size * w].view(size, w),
-            slot_mapping=self.slot[:size],
-            query_start_loc_cpu=np.arange(size + 1),
-            seq_lens_cpu=np.ones(size, dtype=np.int64),
+            slot_mapping=self.slot[:t],
+            query_start_loc_cpu=np.arange(size + 1) * q,
+            seq_lens_cpu=np.full(size, q, dtype=np.int64),
             num_reqs=size,
-            num_actual_tokens=size,
-            max_query_len=1,
+            num_actual_tokens=t,
+            max_query_len=q,
             max_seq_len=max_seq_len,
             block_size=self.block_size,
         )
         return [md] + [
-            dataclasses.replace(md, block_table=bt[: size * w].view(size, w), slot_mapping=slot[:size])
+            dataclasses.replace(md, block_table=bt[: size * w].view(size, w), slot_mapping=slot[:t])
             for (_, _, slot), (_, _, bt) in zip(self.slots[1:], self.bts[1:], strict=True)
         ]
 
-    def fill_dummy_decode(self, size: int) -> None:
-        """Make the device buffers a valid decode batch of ``size`` dummy rows (for capture)."""
-        self.ids[:size].zero_()
-        self.pos[:size].zero_()
-        self.qsl[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32, device=self.device))
-        self.sl[:size].fill_(1)
+    def fill_dummy(self, size: int, q: int = 1) -> None:
+        """Make the device buffers a valid batch of ``size`` dummy rows of ``q`` query tokens
+        each, reading the null block and writing no KV (for capture)."""
+        t = size * q
+        self.ids[:t].zero_()
+        self.pos[:t].zero_()
+        self.qsl[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32, device=self.device) * q)
+        self.sl[:size].fill_(q)
         for (_, _, slot), (_, _, bt) in zip(self.slots, self.bts, strict=True):
-            slot[:size].fill_(-1)
+            slot[:t].fill_(-1)
             bt[: size * self.width].zero_()
 
 
@@ -220,23 +228,33 @@ def graph_mode(runner) -> tuple[str, str]:
 
 
 class GraphRunner:
-    """Captured decode graphs, one per padded batch size, sharing one memory pool."""
+    """Captured graphs, one per (padded batch size, query tokens per row), sharing one memory
+    pool: decode (``q = 1``) at ``sizes``; each of ``verify_query_lens`` at the sizes up to
+    ``MAX_VERIFY_CAPTURE_SIZE`` whose tokens fit the buffers."""
 
-    def __init__(self, runner, sizes: list[int]) -> None:
+    def __init__(self, runner, sizes: list[int], verify_query_lens: tuple[int, ...] = ()) -> None:
         self.runner = runner
         self.buffers: StepBuffers = runner.step_buffers
         self.sizes = sorted(sizes)
         self.max_size = self.sizes[-1]
-        self.graphs: dict[int, tuple[object, torch.Tensor, object]] = {}
+        self.plan: dict[int, list[int]] = {1: self.sizes}
+        for q in verify_query_lens:
+            fit = [s for s in self.sizes if s <= MAX_VERIFY_CAPTURE_SIZE and s * q <= self.buffers.max_tokens]
+            if fit:
+                self.plan[q] = fit
+        self.graphs: dict[tuple[int, int], tuple[object, torch.Tensor, object]] = {}
         self.enabled = True  # benchmarks flip this to time eager steps on the same engine
+        self.verify_replays = 0  # verify steps replayed (tests and benchmarks read it)
         self.pool_bytes = 0
         self.capture_seconds = 0.0
 
     def padded_size(self, num_reqs: int, num_tokens: int, max_query_len: int) -> int | None:
-        """The graph size a step replays, or None when it runs eagerly."""
-        if not self.enabled or max_query_len != 1 or num_tokens != num_reqs or num_reqs > self.max_size:
+        """The graph size (rows) a step replays, or None when it runs eagerly: the step must be
+        uniform (``max_query_len`` tokens in every row) with a captured ``max_query_len``."""
+        sizes = self.plan.get(max_query_len)
+        if not self.enabled or sizes is None or num_tokens != num_reqs * max_query_len:
             return None
-        for s in self.sizes:
+        for s in sizes:
             if s >= num_reqs:
                 return s
         return None
@@ -251,17 +269,19 @@ class GraphRunner:
         platform.synchronize()
         free_before = platform.mem_get_info()[0]
         pool = platform.graph_pool_handle()
-        for size in sorted(self.sizes, reverse=True):  # largest first: the rest reuse its pool
-            buf.fill_dummy_decode(size)
-            md = runner.build_attn_metadata(buf.graph_metadata(size, runner.max_model_len))
-            ids, pos = buf.ids[:size], buf.pos[:size]
+        # Largest first (the rest reuse its pool).
+        shapes = sorted(((s, q) for q, sizes in self.plan.items() for s in sizes), key=lambda sq: -sq[0] * sq[1])
+        for size, q in shapes:
+            buf.fill_dummy(size, q)
+            md = runner.build_attn_metadata(buf.graph_metadata(size, runner.max_model_len, q))
+            ids, pos = buf.ids[: size * q], buf.pos[: size * q]
             for _ in range(2):  # warm up: Triton compiles, cuBLAS picks its kernels
                 model(ids, pos, md)
             platform.synchronize()
             graph = platform.new_graph()
             with platform.graph_capture_context(graph, pool):
                 out = model(ids, pos, md)
-            self.graphs[size] = (graph, out, md)
+            self.graphs[(size, q)] = (graph, out, md)
         platform.synchronize()
         self.pool_bytes = max(0, free_before - platform.mem_get_info()[0])
         self.capture_seconds = time.perf_counter() - t0
@@ -271,9 +291,10 @@ class GraphRunner:
         size = self.padded_size(md.num_reqs, md.num_actual_tokens, md.max_query_len)
         if size is None:
             return None
-        graph, out, _ = self.graphs[size]
+        graph, out, _ = self.graphs[(size, md.max_query_len)]
         graph.replay()
-        return out[: md.num_reqs]
+        self.verify_replays += md.max_query_len > 1
+        return out[: md.num_actual_tokens]
 
 
 def maybe_capture(runner) -> GraphRunner | None:
@@ -283,11 +304,15 @@ def maybe_capture(runner) -> GraphRunner | None:
         logger.info("graphs: none (%s)", reason)
         return None
     sizes = capture_sizes(runner.config.scheduler_config.max_num_seqs)
-    gr = GraphRunner(runner, sizes)
+    spec = runner.config.speculative_config
+    verify = tuple(range(2, spec.num_speculative_tokens + 2)) if spec is not None else ()
+    gr = GraphRunner(runner, sizes, verify)
     gr.capture()
     logger.info(
-        "graphs: %s for decode batches of %d sizes (%s) in %.1fs, pool %.0f MiB",
-        mode, len(sizes), ",".join(map(str, sizes)), gr.capture_seconds, gr.pool_bytes / 2**20,
+        "graphs: %s for decode batches of %d sizes (%s)%s in %.1fs, pool %.0f MiB",
+        mode, len(sizes), ",".join(map(str, sizes)),
+        f" and uniform verify batches of {verify[0]}-{verify[-1]} tokens per request" if verify else "",
+        gr.capture_seconds, gr.pool_bytes / 2**20,
     )
     return gr
 

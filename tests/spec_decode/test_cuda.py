@@ -58,6 +58,8 @@ def _run_draft(path: str, draft: str, params, k: int = 3):
     assert drafter.graph_runner is not None and drafter.graph_runner.graphs  # single-token passes captured
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
     stats = llm.llm_engine.get_stats()
+    # k drafts for every request: the verify steps are uniform and replay captured graphs.
+    assert llm.llm_engine.core.runner.graph_runner.verify_replays > 0
     llm.shutdown()
     return [o.outputs[0].token_ids for o in outs], stats
 

@@ -65,6 +65,49 @@ def test_stage_padded_decode_layout():
     assert gmd.block_table.shape == (4, 6) and gmd.block_table.data_ptr() == buf.bt.data_ptr()
 
 
+def test_stage_padded_uniform_verify_layout():
+    """A verify step of 2 requests with 2 drafts each (3 query tokens per row) padded to a
+    4-row graph: the padding rows are 3-token dummy chunks that write nothing and read the null
+    block, so the captured kernels' uniform layout holds."""
+    buf = StepBuffers(16, 4, 6, 16, torch.device("cpu"), CpuPlatform)
+    bt = _batch()
+    rows = np.array([1, 0])
+    [md], (t_ids, _) = buf.stage(
+        np.arange(1, 7), np.array([32, 33, 34, 18, 19, 20]), [np.array([48, 49, 50, 146, 147, 148])],
+        np.array([0, 3, 6]), np.array([35, 21]), [bt], rows, 3, 3, pad_to=4,
+    )
+    assert t_ids.tolist() == [1, 2, 3, 4, 5, 6]
+    assert buf.ids[:12].tolist() == [1, 2, 3, 4, 5, 6] + [0] * 6
+    assert buf.slot[:12].tolist() == [48, 49, 50, 146, 147, 148] + [-1] * 6
+    assert buf.qsl[:5].tolist() == [0, 3, 6, 9, 12]
+    assert buf.sl[:4].tolist() == [35, 21, 3, 3]
+    assert (md.num_reqs, md.num_actual_tokens, md.max_query_len) == (2, 6, 3)
+    [gmd] = buf.graph_metadata(4, 96, q=3)
+    assert (gmd.num_reqs, gmd.num_actual_tokens, gmd.max_query_len) == (4, 12, 3)
+    assert gmd.slot_mapping.data_ptr() == buf.slot.data_ptr() and len(gmd.slot_mapping) == 12
+    buf.fill_dummy(4, q=3)
+    assert buf.qsl[:5].tolist() == [0, 3, 6, 9, 12] and buf.sl[:4].tolist() == [3] * 4
+    assert (buf.slot[:12] == -1).all()
+
+
+def test_graph_plan_replays_uniform_steps_only():
+    from types import SimpleNamespace
+
+    from octavo.worker.cuda_graph import GraphRunner
+
+    runner = SimpleNamespace(step_buffers=StepBuffers(40, 16, 6, 16, torch.device("cpu"), CpuPlatform))
+    gr = GraphRunner(runner, capture_sizes(16), verify_query_lens=(2, 3, 4, 5))
+    assert gr.plan == {1: [1, 2, 4, 8, 16], 2: [1, 2, 4, 8], 3: [1, 2, 4, 8], 4: [1, 2, 4, 8], 5: [1, 2, 4, 8]}
+    assert gr.padded_size(3, 3, 1) == 4 and gr.padded_size(16, 16, 1) == 16
+    assert gr.padded_size(3, 15, 5) == 4  # 3 requests x (1 + 4 drafts)
+    assert gr.padded_size(3, 13, 5) is None  # mixed draft counts: eager
+    assert gr.padded_size(9, 45, 5) is None  # past the verify sizes: eager
+    assert gr.padded_size(2, 12, 6) is None  # more drafts than configured: eager
+    assert GraphRunner(runner, [1, 2, 4, 8], verify_query_lens=(9,)).plan[9] == [1, 2, 4]  # 8 x 9 > 40 tokens
+    gr.enabled = False
+    assert gr.padded_size(1, 1, 1) is None
+
+
 def test_stage_one_table_per_kv_cache_group():
     """A mixed full/sliding-window model: each group's slots and block table go to its own
     buffers; everything else is shared; graphs see every group's table at full width."""
@@ -85,7 +128,7 @@ def test_stage_one_table_per_kv_cache_group():
     assert buf.bts[1][2][:24].view(4, 6)[:2].tolist() == window[rows].tolist()
     gmds = buf.graph_metadata(4, 96)
     assert [g.block_table.data_ptr() for g in gmds] == [bt[2].data_ptr() for bt in buf.bts]
-    buf.fill_dummy_decode(4)
+    buf.fill_dummy(4)
     assert all((slot[2][:4] == -1).all() and not bt[2][:24].any() for slot, bt in zip(buf.slots, buf.bts, strict=True))
 
 
