@@ -1,0 +1,62 @@
+"""What an EAGLE head checkpoint must be for octavo to run it beside its target.
+
+A head is an EAGLE-1 head in the layout vLLM loads (``EagleLlamaForCausalLM``, or a head whose
+``config.json`` names the target family's ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` /
+``Qwen3ForCausalLM``): one (or a few) decoder layers of the target's width. It shares the
+target's embedding and ``lm_head``, so the hidden size and vocabulary must match. Each refusal
+names the mismatch or the feature.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+FLAG = "--speculative-config"
+# config.json ``architectures`` of EAGLE-1 heads octavo runs, and the model types of their layers.
+HEAD_ARCHITECTURES = ("EagleLlamaForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+def load_eagle_config(head_dir: str) -> tuple[Any, str]:
+    """(transformers config, architecture name) of the head's folder."""
+    from transformers import AutoConfig
+
+    path = os.path.join(head_dir, "config.json")
+    if not os.path.exists(path):
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} has no config.json")
+    with open(path) as f:
+        raw = json.load(f)
+    archs = raw.get("architectures") or ["EagleLlamaForCausalLM"]
+    if any("eagle3" in a.lower() for a in archs):
+        raise ValueError(f"{FLAG}: the checkpoint {head_dir} is an EAGLE-3 head ({archs}); method 'eagle3' "
+                         "is not supported by octavo (method 'eagle' runs EAGLE-1 heads)")
+    arch = next((a for a in archs if a in HEAD_ARCHITECTURES), None)
+    if arch is None:
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} has architectures {archs}; octavo runs EAGLE-1 "
+                         f"heads of {list(HEAD_ARCHITECTURES)}")
+    if raw.get("model_type") not in HEAD_MODEL_TYPES:
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} has model_type {raw.get('model_type')!r}; octavo "
+                         f"runs heads with decoder layers of {list(HEAD_MODEL_TYPES)}")
+    return AutoConfig.from_pretrained(head_dir), arch
+
+
+def check_eagle_head(target_cfg: Any, head_cfg: Any, head_dir: str, target_name: str,
+                     tensor_parallel_size: int) -> None:
+    """The head fits the target (errors name the problem)."""
+    th, hh = target_cfg.hidden_size, head_cfg.hidden_size
+    if th != hh:
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} has hidden_size {hh}, the target {target_name} has "
+                         f"{th}; a head reads the target's hidden states and shares its embedding and lm_head")
+    if head_cfg.vocab_size != target_cfg.vocab_size:
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} has vocab_size {head_cfg.vocab_size}, the target "
+                         f"{target_name} has {target_cfg.vocab_size}; a head drafts in its target's vocabulary")
+    if getattr(head_cfg, "add_para_norm", False):
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} sets add_para_norm (HASS input norms), which octavo "
+                         "does not run")
+    if getattr(head_cfg, "quantization_config", None) is not None:
+        raise ValueError(f"{FLAG}: the EAGLE head {head_dir} is quantized; octavo runs unquantized heads only")
+    if tensor_parallel_size > 1:
+        raise ValueError(f"{FLAG}: method 'eagle' is not supported with --tensor-parallel-size "
+                         f"{tensor_parallel_size} (octavo runs EAGLE heads on one rank)")
