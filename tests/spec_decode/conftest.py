@@ -24,3 +24,59 @@ def small_draft_dir(tmp_path_factory, tokenizer_dir) -> str:
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def eagle_heads(tmp_path_factory, checkpoints):
+    """(arch, kind) -> an EAGLE head of the fixture ``arch`` (built lazily, once): kind
+    ``random`` (seed 0), ``bias`` (random, with an ``fc.bias``) or ``identity`` (drafts the
+    target's own greedy token at the head's position; see ``build_eagle_head``)."""
+    from pathlib import Path
+
+    from tests.fixtures.checkpoints import build_eagle_head
+
+    root = tmp_path_factory.mktemp("eagle_heads")
+    cache: dict[tuple[str, str], str] = {}
+
+    class _Lazy(dict):
+        def __getitem__(self, key):
+            arch, kind = key
+            if key not in cache:
+                cache[key] = str(build_eagle_head(Path(checkpoints[arch]), root / f"{arch}-{kind}",
+                                                  identity=kind == "identity", fc_bias=kind == "bias"))
+            return cache[key]
+
+    return _Lazy()
+
+
+@pytest.fixture(scope="session")
+def attention_free_target(tmp_path_factory, llama_dir):
+    """The llama fixture with every ``o_proj`` zero: a token's hidden state depends on that
+    token only. Its mirror head (``fc`` selects the embedding, the target's first layer
+    without its input norm) computes at position ``i`` what the target computes at ``i + 1``,
+    so (with the final norm's weights 1: a positive scale, the same argmax) every draft is
+    the target's next greedy token."""
+    import json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path_factory.mktemp("attention_free")
+    shutil.copytree(llama_dir, out, dirs_exist_ok=True)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (out / "config.json").write_text(json.dumps(cfg))
+    tensors = {k: v for k, v in load_file(str(out / "model.safetensors")).items() if ".layers.1." not in k}
+    tensors["model.layers.0.self_attn.o_proj.weight"].zero_()
+    assert torch.all(tensors["model.norm.weight"] == 1)
+    save_file(tensors, str(out / "model.safetensors"))
+    head = tmp_path_factory.mktemp("mirror_head")
+    h = cfg["hidden_size"]
+    own = {k[len("model."):]: v for k, v in tensors.items()
+           if k.startswith("model.layers.0.") and "input_layernorm" not in k}
+    own["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    save_file(own, str(head / "model.safetensors"))
+    cfg["architectures"] = ["EagleLlamaForCausalLM"]
+    (head / "config.json").write_text(json.dumps(cfg))
+    return str(out), str(head)
