@@ -144,7 +144,7 @@ class EngineArgs:
     guided_decoding_backend: str | None = None
     """Older name of the structured outputs backend (auto or xgrammar)."""
     speculative_config: str | dict | None = None
-    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5} or {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": k} (a smaller checkpoint with the same tokenizer). Turns async scheduling off."""
+    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5} or {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": k} (a smaller checkpoint with the same tokenizer) or {"method": "eagle", "model": HEAD, "num_speculative_tokens": k} (an EAGLE-1 head of the target). Turns async scheduling off."""
     reasoning_parser: str | None = None
     """Split <think>...</think> into reasoning_content (deepseek_r1 or qwen3); structured outputs apply after it."""
 
