@@ -17,6 +17,10 @@ FLAG = "--speculative-config"
 # config.json ``architectures`` of EAGLE-1 heads octavo runs, and the model types of their layers.
 HEAD_ARCHITECTURES = ("EagleLlamaForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+# Targets whose EAGLE heads are Llama-style (the head embeds tokens with the target's plain
+# embedding; Gemma scales its embedding, Phi-3 has no such heads).
+TARGET_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                        "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 
 
 def load_eagle_config(head_dir: str) -> tuple[Any, str]:
@@ -45,6 +49,10 @@ def load_eagle_config(head_dir: str) -> tuple[Any, str]:
 def check_eagle_head(target_cfg: Any, head_cfg: Any, head_dir: str, target_name: str,
                      tensor_parallel_size: int) -> None:
     """The head fits the target (errors name the problem)."""
+    arch = (getattr(target_cfg, "architectures", None) or ["?"])[0]
+    if arch not in TARGET_ARCHITECTURES:
+        raise ValueError(f"{FLAG}: method 'eagle' is not supported for a {arch} target; octavo runs EAGLE heads "
+                         f"of {list(TARGET_ARCHITECTURES)}")
     th, hh = target_cfg.hidden_size, head_cfg.hidden_size
     if th != hh:
         raise ValueError(f"{FLAG}: the EAGLE head {head_dir} has hidden_size {hh}, the target {target_name} has "

@@ -38,7 +38,7 @@ def _base(path: str) -> list[list[int]]:
 
 
 @pytest.mark.parametrize(("arch", "kind"), [("llama", "random"), ("llama", "bias"), ("qwen2", "random"),
-                                            ("qwen3", "random")])
+                                            ("qwen3", "random"), ("mixtral", "random")])
 def test_greedy_identical_with_a_random_head(checkpoints, eagle_heads, arch, kind):
     spec, stats = _generate(checkpoints[arch], eagle_spec(eagle_heads[arch, kind], k=3), GREEDY)
     assert _token_ids(spec) == _base(checkpoints[arch])
@@ -170,6 +170,11 @@ def test_errors_name_what_is_not_run(tmp_path, llama_dir, small_draft_dir, eagle
         tp = kw.pop("tensor_parallel_size", 1)
         with pytest.raises(ValueError, match=message):
             LLM(llama_dir, dtype="float32", speculative_config=eagle_spec(kw["model"]), tensor_parallel_size=tp)
+
+
+def test_targets_without_llama_style_heads_are_refused(checkpoints, eagle_heads):
+    with pytest.raises(ValueError, match="not supported for a Gemma2ForCausalLM target"):
+        LLM(checkpoints["gemma2"], dtype="float32", speculative_config=eagle_spec(eagle_heads["gemma2", "random"]))
 
 
 def test_shared_tensors_in_the_head_are_taken_from_the_target(tmp_path, llama_dir, eagle_heads):
