@@ -87,15 +87,22 @@ def test_greedy_identical_under_chunked_prefill_preemption_and_n(llama_dir, eagl
 
 
 def test_staged_input_path_proposes_the_same_drafts(llama_dir, eagle_heads):
-    """The accelerator's input path of the head's passes (persistent buffers, block tables at
-    the widest a row can need, device-side drafts copied in), run on the CPU: the same drafts."""
+    """The accelerator's input path, run on the CPU: the target's steps staged in persistent
+    buffers (the head then reads views of them) and the head's passes too (block tables at the
+    widest a row can need, device-side drafts copied in): the same drafts and output."""
+    from octavo.worker.cuda_graph import StepBuffers
+
     results = []
     for staged in (False, True):
         llm = LLM(llama_dir, dtype="float32", speculative_config=eagle_spec(eagle_heads["llama", "random"], k=4),
                   max_num_batched_tokens=16)
-        d = llm.llm_engine.core.runner.drafter
+        runner = llm.llm_engine.core.runner
+        d, sc = runner.drafter, llm.llm_engine.config.scheduler_config
         if staged:
             d.step_buffers = d.make_step_buffers()
+            runner.step_buffers = StepBuffers(sc.max_num_batched_tokens, sc.max_num_seqs,
+                                              runner.input_batch.max_blocks_per_req, runner.block_size,
+                                              runner.device, runner.platform)
         outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), GREEDY, use_tqdm=False)
         st = llm.get_stats()
         results.append((_token_ids(outs), st.spec_num_draft_tokens, st.spec_num_accepted_tokens_per_pos))
