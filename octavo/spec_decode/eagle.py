@@ -1,4 +1,5 @@
-"""EAGLE proposals: the head (``eagle_head``) drafts from the target's hidden states.
+"""EAGLE proposals: the head (``eagle_head``; EAGLE-3: ``eagle3_head``) drafts from the
+target's hidden states (EAGLE-3: from three of its layers, which the target then keeps).
 
 The head keeps its own KV cache on the pool's block ids, with scratch blocks past a request's
 own blocks, exactly as a draft model does (``DraftModel``: allocation, block tables and
@@ -53,9 +54,26 @@ class EagleDrafter(DraftModel):
             raise RuntimeError("an EAGLE head is built on its target model")
         self.model = build_eagle_head(self.mc, target, self.attn_backend, self.device, self.platform,
                                       self.max_model_len)
+        self.target = target
+        if self.config.speculative_config.method == "eagle3":
+            self._keep_target_aux(target)
         self.kept = torch.zeros(self.num_rows, self.mc.hidden_size, dtype=self.mc.dtype, device=self.device)
         logger.info("EAGLE head %s: %d layer(s), attention %s", self.mc.model, self.mc.num_layers,
                     self.attn_backend.name)
+
+    def _keep_target_aux(self, target) -> None:
+        """Make the target keep the residual streams an EAGLE-3 head reads (before its graphs
+        are captured, so replays write them too)."""
+        from octavo.spec_decode.eagle_check import aux_layer_ids
+
+        tm = target.model
+        ids = aux_layer_ids(self.mc.hf_config, len(tm.layers))
+        sc = self.config.scheduler_config
+        rows = max(sc.max_num_batched_tokens, sc.max_num_seqs)
+        h = self.config.model_config.hidden_size
+        tm.aux_out = torch.zeros(rows, len(ids) * h, dtype=self.config.model_config.dtype, device=self.device)
+        tm.aux_layers = ids
+        logger.info("EAGLE-3: the target keeps the inputs of its layers %s", list(ids))
 
     def _capture_graphs(self) -> None:
         if not self.platform.device_is_host():
@@ -85,7 +103,8 @@ class EagleDrafter(DraftModel):
         nxt[dev(last)] = dev(after).to(nxt.dtype)
         if sampled is not None:
             nxt[logits_idx] = sampled.device.to(nxt.dtype)
-        g = self.model(nxt, step.positions[:t], hidden[:t], self.attn_backend.build_metadata(md))
+        features = hidden[:t] if self.target.model.aux_out is None else self.target.model.aux_out[:t]
+        g = self.model(nxt, step.positions[:t], self.model.combine(features), self.attn_backend.build_metadata(md))
         if sampled is None:
             return
         if sampled.num_emitted_device is None:  # one sampled position per request
@@ -129,4 +148,4 @@ class EagleDrafter(DraftModel):
         return out
 
     def _argmax(self, g: torch.Tensor) -> torch.Tensor:
-        return self.model.compute_logits(g).argmax(dim=-1).to(torch.int64)
+        return self.model.greedy(g)

@@ -75,6 +75,20 @@ class EagleHead(nn.Module):
     def compute_logits(self, g: torch.Tensor) -> torch.Tensor | None:
         return self.target.compute_logits(g)
 
+    def init_dummy(self, seed: int) -> None:
+        """Small random weights (``load_format="dummy"``)."""
+        from octavo.models.loader import init_dummy_weights
+
+        init_dummy_weights(self, seed=seed)
+
+    def combine(self, features: torch.Tensor) -> torch.Tensor:
+        """What the head reads of the target per token (EAGLE-1: its output hidden state)."""
+        return features
+
+    def greedy(self, g: torch.Tensor) -> torch.Tensor:
+        """The draft token (target vocabulary ids) after each output ``g``."""
+        return self.compute_logits(g).argmax(dim=-1).to(torch.int64)
+
     # -- checkpoint names (read by octavo.models.loader.load_weights) ---------------------
     def expected_checkpoint_targets(self) -> set[tuple[str, str | None]]:
         return LlamaForCausalLM.expected_checkpoint_targets(self) - {("fc.bias", None)}
@@ -99,17 +113,20 @@ def build_eagle_head(mc, target: nn.Module, attn_backend, device: torch.device, 
                      max_model_len: int) -> EagleHead:
     """The head of ``mc`` (its ``ModelConfig``) on ``device`` with its weights loaded (or dummy)."""
     from octavo.models.layers import bind_fused_ops
-    from octavo.models.loader import init_dummy_weights, load_weights
+    from octavo.models.loader import load_weights
 
+    cls = EagleHead
+    if "eagle3" in mc.architecture.lower():
+        from octavo.spec_decode.eagle3_head import Eagle3Head as cls
     old = torch.get_default_dtype()
     torch.set_default_dtype(mc.dtype)
     try:
         with torch.device(device):
-            head = EagleHead(mc.hf_config, target, attn_backend, mc.dtype, max_model_len)
+            head = cls(mc.hf_config, target, attn_backend, mc.dtype, max_model_len)
     finally:
         torch.set_default_dtype(old)
     if mc.load_format == "dummy":
-        init_dummy_weights(head, seed=mc.seed)
+        head.init_dummy(mc.seed)
     else:
         load_weights(head, mc.model, mc.load_format)
     bind_fused_ops(head, platform.fused_op_kernels, platform.decode_gemv_policy())

@@ -98,8 +98,8 @@ class ModelRunner:
         self.graph_runner = None
         # Async scheduling: launched steps not yet resulted (at most one when launching).
         self._unresulted: list[StepHandle] = []
-        # method draft_model: octavo.spec_decode.draft_model.DraftModel; eagle: its subclass
-        # octavo.spec_decode.eagle.EagleDrafter, which also reads each step's hidden states.
+        # method draft_model: octavo.spec_decode.draft_model.DraftModel; eagle / eagle3: its
+        # subclass octavo.spec_decode.eagle.EagleDrafter, which also reads each step's hidden states.
         self.drafter = None
         self.eagle = None
         spec = config.speculative_config
@@ -107,7 +107,7 @@ class ModelRunner:
             from octavo.spec_decode.draft_model import DraftModel
 
             self.drafter = DraftModel(config, platform, self.device, self.transfer)
-        elif spec is not None and spec.method == "eagle":
+        elif spec is not None and spec.method in ("eagle", "eagle3"):
             from octavo.spec_decode.eagle import EagleDrafter
 
             self.drafter = self.eagle = EagleDrafter(config, platform, self.device, self.transfer)
@@ -512,7 +512,7 @@ class ModelRunner:
         """Draft-model / EAGLE proposals: up to ``num_drafts[req_id]`` drafts for each request, whose
         known tokens but the last are all computed (after its step has been resulted)."""
         if self.drafter is None:
-            raise RuntimeError("propose_drafts needs speculative method draft_model or eagle")
+            raise RuntimeError("propose_drafts needs speculative method draft_model, eagle or eagle3")
         if self._unresulted:
             raise RuntimeError("drafts are proposed after the step that produced their context is resulted")
         if not num_drafts:

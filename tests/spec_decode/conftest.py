@@ -80,3 +80,25 @@ def attention_free_target(tmp_path_factory, llama_dir):
     cfg["architectures"] = ["EagleLlamaForCausalLM"]
     (head / "config.json").write_text(json.dumps(cfg))
     return str(out), str(head)
+
+
+@pytest.fixture(scope="session")
+def eagle3_setups(tmp_path_factory, checkpoints):
+    """arch -> (a 4-layer version of the fixture ``arch``, a random EAGLE-3 head reading its
+    layers 0, 1 and 3 with a draft vocabulary of 256 tokens), built lazily, once."""
+    from pathlib import Path
+
+    from tests.fixtures.checkpoints import build_deeper, build_eagle3_head
+
+    root = tmp_path_factory.mktemp("eagle3")
+    cache: dict[str, tuple[str, str]] = {}
+
+    class _Lazy(dict):
+        def __getitem__(self, arch):
+            if arch not in cache:
+                target = build_deeper(Path(checkpoints[arch]), root / arch)
+                head = build_eagle3_head(target, root / f"{arch}-head", [3, 0, 1], draft_vocab_size=256)
+                cache[arch] = (str(target), str(head))
+            return cache[arch]
+
+    return _Lazy()

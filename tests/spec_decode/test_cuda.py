@@ -1,4 +1,4 @@
-"""n-gram, draft-model and EAGLE speculation on a GPU (CUDA graphs captured for the plain decode
+"""n-gram, draft-model, EAGLE and EAGLE-3 speculation on a GPU (CUDA graphs captured for the plain decode
 steps and the draft's single-token passes, verify steps eager): greedy output equals
 speculation off on the same device, every fixture architecture of the quick set, float32;
 seeded sampling draws the same tokens; the engine logs the fallback to synchronous
@@ -146,3 +146,24 @@ def test_eagle_seeded_sampling_identical_on_cuda(llama_dir, eagle_heads):
     base, _ = _run(llama_dir, None, params)
     spec, stats = _run_eagle(llama_dir, eagle_heads["llama", "identity"], params)
     assert spec == base and stats.spec_num_drafts > 0
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_eagle3_greedy_identical_on_cuda(eagle3_setups, arch):
+    """EAGLE-3: the target's decode graphs write the auxiliary hidden states the head reads
+    (a plain decode step replayed from a graph, then the head's passes): identical output."""
+    from octavo import LLM, SamplingParams
+
+    target, head = eagle3_setups[arch]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    base, _ = _run(target, None, params)
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    llm = LLM(target, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16)
+    assert llm.llm_engine.core.runner.graph_runner.graphs
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    stats = llm.llm_engine.get_stats()
+    llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == base
+    assert stats.spec_num_draft_tokens > 0
