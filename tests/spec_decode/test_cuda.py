@@ -152,8 +152,8 @@ def test_eagle_seeded_sampling_identical_on_cuda(llama_dir, eagle_heads):
 @needs_gpu
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_eagle3_greedy_identical_on_cuda(eagle3_setups, arch):
-    """EAGLE-3: the target's decode graphs write the auxiliary hidden states the head reads
-    (a plain decode step replayed from a graph, then the head's passes): identical output."""
+    """EAGLE-3 on the GPU (the target's decode graphs captured with the write of the auxiliary
+    hidden states): identical output."""
     from octavo import LLM, SamplingParams
 
     target, head = eagle3_setups[arch]
@@ -167,3 +167,42 @@ def test_eagle3_greedy_identical_on_cuda(eagle3_setups, arch):
     llm.shutdown()
     assert [o.outputs[0].token_ids for o in outs] == base
     assert stats.spec_num_draft_tokens > 0
+
+
+def _drafts_with_plain_steps_between(path: str, spec: dict, eager: bool) -> tuple[list, list]:
+    """(outputs, every proposal) when every other proposal is dropped, so that plain decode
+    steps (replayed from graphs unless ``eager``) feed the head the next proposal's state."""
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16,
+              enforce_eager=eager)
+    assert (llm.llm_engine.core.runner.graph_runner is None) == eager
+    drafter, seen, calls = llm.llm_engine.core.runner.drafter, [], [0]
+    propose = drafter.propose
+
+    def every_other(batch, rows, num_drafts):
+        calls[0] += 1
+        drafts = propose(batch, rows, num_drafts)
+        seen.append(drafts)
+        return drafts if calls[0] % 2 else [[] for _ in drafts]
+
+    drafter.propose = every_other
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    llm.shutdown()
+    return [o.outputs[0].token_ids for o in outs], seen
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_eagle_heads_read_hidden_states_of_graph_replays(eagle3_setups, eagle_heads, checkpoints):
+    """The head's state after a decode step replayed from a CUDA graph (EAGLE-1: the graph's
+    output hidden states; EAGLE-3: the auxiliary buffer the graph writes) proposes the same
+    drafts as after the same step run eagerly."""
+    for path, spec in ((checkpoints["llama"], {"method": "eagle", "model": eagle_heads["llama", "random"]}),
+                       (eagle3_setups["llama"][0], {"method": "eagle3", "model": eagle3_setups["llama"][1]})):
+        spec = {**spec, "num_speculative_tokens": 3}
+        graphs = _drafts_with_plain_steps_between(path, spec, eager=False)
+        eager = _drafts_with_plain_steps_between(path, spec, eager=True)
+        assert graphs[0] == eager[0]
+        assert graphs[1] == eager[1] and sum(len(d) for p in graphs[1] for d in p) > 0
