@@ -51,11 +51,11 @@ def eagle_heads(tmp_path_factory, checkpoints):
 
 @pytest.fixture(scope="session")
 def attention_free_target(tmp_path_factory, llama_dir):
-    """The llama fixture with every ``o_proj`` zero: a token's hidden state depends on that
-    token only. Its mirror head (``fc`` selects the embedding, the target's first layer
-    without its input norm) computes at position ``i`` what the target computes at ``i + 1``,
-    so (with the final norm's weights 1: a positive scale, the same argmax) every draft is
-    the target's next greedy token."""
+    """The llama fixture (2 layers) with every ``o_proj`` zero: a token's hidden state depends
+    on that token only. Its mirror head (``fc`` selects the embedding; the target's two layers,
+    the first without its input norm) computes at position ``i`` what the target computes at
+    ``i + 1``, so (with the final norm's weights 1: a positive scale, the same argmax) every
+    draft is the target's next greedy token."""
     import json
     import shutil
 
@@ -65,16 +65,16 @@ def attention_free_target(tmp_path_factory, llama_dir):
     out = tmp_path_factory.mktemp("attention_free")
     shutil.copytree(llama_dir, out, dirs_exist_ok=True)
     cfg = json.loads((out / "config.json").read_text())
-    cfg["num_hidden_layers"] = 1
-    (out / "config.json").write_text(json.dumps(cfg))
-    tensors = {k: v for k, v in load_file(str(out / "model.safetensors")).items() if ".layers.1." not in k}
-    tensors["model.layers.0.self_attn.o_proj.weight"].zero_()
+    assert cfg["num_hidden_layers"] == 2
+    tensors = load_file(str(out / "model.safetensors"))
+    for i in range(2):
+        tensors[f"model.layers.{i}.self_attn.o_proj.weight"].zero_()
     assert torch.all(tensors["model.norm.weight"] == 1)
     save_file(tensors, str(out / "model.safetensors"))
     head = tmp_path_factory.mktemp("mirror_head")
     h = cfg["hidden_size"]
     own = {k[len("model."):]: v for k, v in tensors.items()
-           if k.startswith("model.layers.0.") and "input_layernorm" not in k}
+           if k.startswith("model.layers.") and not k.startswith("model.layers.0.input_layernorm")}
     own["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
     save_file(own, str(head / "model.safetensors"))
     cfg["architectures"] = ["EagleLlamaForCausalLM"]

@@ -69,6 +69,7 @@ def test_identity_head_drafts_the_targets_last_token(checkpoints, eagle_heads):
 
 
 def test_mirror_head_drafts_are_all_accepted(attention_free_target):
+    """A two-layer head (the second with its input norm) whose drafts are the target's own."""
     target, head = attention_free_target
     spec, stats = _generate(target, eagle_spec(head, k=4), GREEDY)
     assert _token_ids(spec) == _base(target)

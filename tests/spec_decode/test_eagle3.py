@@ -72,6 +72,18 @@ def test_target_keeps_the_hidden_states_the_head_reads(eagle3_setups):
     torch.testing.assert_close(aux, want, atol=2e-4, rtol=2e-4)
 
 
+def test_greedy_identical_under_chunked_prefill_preemption_and_n(eagle3_setups):
+    from tests.spec_decode.test_greedy_equivalence import assert_same_outputs
+
+    target, head = eagle3_setups["llama"]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, n=2, logprobs=2)
+    kw = dict(max_num_batched_tokens=8, num_gpu_blocks_override=8, block_size=16, max_num_seqs=6)
+    base, _ = _generate(target, None, params, **kw)
+    spec, stats = _generate(target, eagle3_spec(head), params, **kw)
+    assert stats.num_preemptions > 0 and stats.spec_num_draft_tokens > 0
+    assert_same_outputs(base, spec, ranks=False)
+
+
 def _edit(src: str, dst, **config) -> str:
     shutil.copytree(src, dst)
     cfg = json.loads((dst / "config.json").read_text())
