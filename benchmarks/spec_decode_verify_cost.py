@@ -10,7 +10,11 @@ proposers, and each ``EngineCore.step`` is timed with a device synchronize:
 - ``--draft-shape`` (e.g. ``llama1b``): a ``draft_model`` engine whose draft has that shape;
   the real draft-model proposer (its ``k`` draft passes after every step, then the verify of
   its ``k`` drafts; random weights, so nothing is accepted: the overhead of speculation when
-  it buys nothing) vs none (plain decode steps, the draft idle).
+  it buys nothing) vs none (plain decode steps, the draft idle);
+- ``--eagle``: an ``eagle`` engine with a one-layer EAGLE head of the target's shape (random
+  weights: nothing accepted); speculative steps run the head over each step's tokens and its
+  ``k`` draft passes, plain steps leave the head idle; ``--eagle3``: the same with an EAGLE-3
+  head (the target also keeps three layers' hidden states; a draft vocabulary of 32000).
 
 Reported: median step time of each mode, their ratio, the acceptance observed, and the
 speedup the engine would deliver at acceptance rates 50% and 80% from these two numbers
@@ -18,6 +22,8 @@ speedup the engine would deliver at acceptance rates 50% and 80% from these two 
 
   python benchmarks/spec_decode_verify_cost.py --shape llama8b --k 4                        # H200
   python benchmarks/spec_decode_verify_cost.py --shape llama8b --draft-shape llama1b --k 4  # H200
+  python benchmarks/spec_decode_verify_cost.py --shape llama8b --eagle --k 4                # H200
+  python benchmarks/spec_decode_verify_cost.py --shape llama8b --eagle3 --k 4               # H200
   python benchmarks/spec_decode_verify_cost.py --shape tiny --draft-shape tiny_draft --k 4  # CPU dry run
 """
 
@@ -50,6 +56,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="tiny")
     p.add_argument("--draft-shape", default=None, help="a draft_model engine with a draft of this shape")
+    p.add_argument("--eagle", action="store_true", help="an eagle engine with a one-layer head of the target's shape")
+    p.add_argument("--eagle3", action="store_true", help="an eagle3 engine with a one-layer EAGLE-3 head")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--steps", type=int, default=40, help="timed steps per mode per block")
     p.add_argument("--blocks", type=int, default=3)
@@ -64,7 +72,11 @@ def make_engine(args: argparse.Namespace, root: Path):
     from octavo import LLM
 
     model = write_model_dir(args.shape, root)
-    if args.draft_shape:
+    if args.eagle or args.eagle3:
+        method = "eagle3" if args.eagle3 else "eagle"
+        spec = {"method": method, "model": str(write_eagle_head(args.shape, root, args.eagle3)),
+                "num_speculative_tokens": args.k}
+    elif args.draft_shape:
         spec = {"method": "draft_model", "model": str(write_model_dir(args.draft_shape, root)),
                 "num_speculative_tokens": args.k}
     else:
@@ -72,6 +84,30 @@ def make_engine(args: argparse.Namespace, root: Path):
     return LLM(str(model), load_format="dummy", speculative_config=spec, max_model_len=4096,
                dtype="float32" if args.shape == "tiny" else "bfloat16", enforce_eager=args.enforce_eager,
                max_num_seqs=args.max_num_seqs)
+
+
+def write_eagle_head(shape: str, root: Path, eagle3: bool = False) -> Path:
+    """config.json of a one-layer EAGLE (EAGLE-3) head of ``shape`` (weights: dummy, like the target's)."""
+    from bench_cuda import SHAPES
+
+    d = root / f"eagle{'3' if eagle3 else ''}-{shape}"
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {**SHAPES[shape], "num_hidden_layers": 1, "architectures": ["EagleLlamaForCausalLM"]}
+    if eagle3:
+        layers = SHAPES[shape]["num_hidden_layers"]
+        ids = [2, layers // 2, layers - 3] if layers >= 6 else [0, 1, 2]
+        cfg.update(architectures=["Eagle3LlamaForCausalLM"], draft_vocab_size=min(32000, cfg["vocab_size"]),
+                   eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
+    return d
+
+
+def _head_active(llm, active: bool) -> None:
+    """An eagle engine's plain mode leaves the head idle (no pass over the step's tokens)."""
+    runner = llm.llm_engine.core.runner
+    if runner.drafter is None or not hasattr(runner.drafter, "absorb"):
+        return
+    runner.eagle = runner.drafter if active else None
 
 
 def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tuple[dict, dict]:
@@ -96,6 +132,7 @@ def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tu
             core.proposer = proposer
             if gr is not None:
                 gr.plan = plans[mode]
+            _head_active(llm, mode != "plain")
             engine.step()  # the first step of a block verifies the previous block's drafts
             s0 = engine.get_stats()
             for _ in range(args.steps):
@@ -118,8 +155,9 @@ def main() -> int:
 
     llm = make_engine(args, Path(tempfile.mkdtemp()))
     vocab = SHAPES[args.shape]["vocab_size"]
-    spec_mode = "draft" if args.draft_shape else "verify"
-    speculating = llm.llm_engine.core.proposer if args.draft_shape else _FixedDrafts(args.k, vocab)
+    spec_mode = "eagle3" if args.eagle3 else "eagle" if args.eagle else "draft" if args.draft_shape else "verify"
+    real = args.draft_shape or args.eagle or args.eagle3
+    speculating = llm.llm_engine.core.proposer if real else _FixedDrafts(args.k, vocab)
     modes = {"plain": _FixedDrafts(0, vocab), spec_mode: speculating}
     if llm.llm_engine.core.runner.graph_runner is not None:  # same run: verify steps without graphs
         modes[f"{spec_mode}_eager_verify"] = speculating
@@ -129,7 +167,7 @@ def main() -> int:
     speedup = {f"acceptance_{int(a * 100)}": sum(a**i for i in range(args.k + 1)) / ratio for a in (0.5, 0.8)}
     drafted, accepted = counts[spec_mode]
     print("RESULT " + json.dumps({
-        "shape": args.shape, "draft_shape": args.draft_shape, "k": args.k, "device": current_platform.name,
+        "shape": args.shape, "draft_shape": args.draft_shape, "eagle": args.eagle, "eagle3": args.eagle3, "k": args.k, "device": current_platform.name,
         "target_graphs": llm.llm_engine.core.runner.graph_runner is not None,
         "draft_graphs": getattr(llm.llm_engine.core.runner.drafter, "graph_runner", None) is not None,
         "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,

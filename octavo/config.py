@@ -140,7 +140,9 @@ class SpeculativeConfig:
     (``prompt_lookup_min <= n <= prompt_lookup_max``, longest first) against the prompt and
     output so far. ``draft_model``: a smaller checkpoint with the target's vocabulary
     (``model``, a local folder once resolved) proposes them greedily; its ``ModelConfig`` is
-    ``draft_model_config``. Built and validated by ``octavo.spec_decode.config`` and
+    ``draft_model_config``. ``eagle``: an EAGLE-1 head (``model``) fed the target's hidden
+    states drafts them; ``draft_model_config`` is the head's; ``eagle3``: an EAGLE-3 head fed three
+    of the target's layers. Built and validated by ``octavo.spec_decode.config`` and
     ``EngineArgs``."""
 
     method: str = "ngram"

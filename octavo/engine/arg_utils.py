@@ -144,7 +144,7 @@ class EngineArgs:
     guided_decoding_backend: str | None = None
     """Older name of the structured outputs backend (auto or xgrammar)."""
     speculative_config: str | dict | None = None
-    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5} or {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": k} (a smaller checkpoint with the same tokenizer). Turns async scheduling off."""
+    """Speculative decoding as JSON (vLLM's keys): {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 5, "prompt_lookup_max": 5} or {"method": "draft_model", "model": DRAFT, "num_speculative_tokens": k} (a smaller checkpoint with the same tokenizer) or {"method": "eagle", "model": HEAD, "num_speculative_tokens": k} (an EAGLE-1 head of the target; "eagle3": an EAGLE-3 head). Turns async scheduling off."""
     reasoning_parser: str | None = None
     """Split <think>...</think> into reasoning_content (deepseek_r1 or qwen3); structured outputs apply after it."""
 
@@ -194,7 +194,7 @@ class EngineArgs:
         self._validate()
         model_config = self._model_config()
         speculative_config = self._speculative_config(model_config)
-        drafting = speculative_config is not None and speculative_config.method == "draft_model"
+        drafting = speculative_config is not None and speculative_config.method in ("draft_model", "eagle", "eagle3")
         cache_config = self._cache_config(model_config, drafting)
         config = OctavoConfig(
             model_config=model_config,
@@ -217,11 +217,13 @@ class EngineArgs:
         """``--speculative-config`` parsed; for ``draft_model`` the draft checkpoint resolved,
         checked against the target and given its own ``ModelConfig``."""
         cfg = parse_speculative_config(self.speculative_config)
-        if cfg is None or cfg.method != "draft_model":
+        if cfg is None or cfg.method not in ("draft_model", "eagle", "eagle3"):
             return cfg
         if target.model_impl != "octavo":
-            raise ValueError(f"{flag('speculative_config')}: method 'draft_model' is not supported with "
+            raise ValueError(f"{flag('speculative_config')}: method {cfg.method!r} is not supported with "
                              "--model-impl onnxruntime")
+        if cfg.method in ("eagle", "eagle3"):
+            return self._eagle_config(cfg, target)
         draft_dir = resolve_model_path(cfg.model, None, self.download_dir)
         hf_config, arch = load_hf_config(draft_dir)
         check_same_vocab(target.hf_config, hf_config, target.model, draft_dir)
@@ -231,6 +233,25 @@ class EngineArgs:
             served_model_name=cfg.model, sampling_defaults={}, quantization=None,
         )
         return dataclasses.replace(cfg, model=draft_dir, draft_model_config=draft)
+
+    def _eagle_config(self, cfg: SpeculativeConfig, target: ModelConfig) -> SpeculativeConfig:
+        """``method: eagle`` / ``eagle3``: the head resolved, checked against the target, given a
+        ``ModelConfig``."""
+        from octavo.models.length_rope import length_rope
+        from octavo.spec_decode.eagle_check import check_eagle_head, load_eagle_config
+
+        head_dir = resolve_model_path(cfg.model, None, self.download_dir)
+        hf_config, arch = load_eagle_config(head_dir, cfg.method)
+        check_eagle_head(target.hf_config, hf_config, head_dir, target.model, self.tensor_parallel_size, cfg.method)
+        for what, c in (("target", target.hf_config), ("EAGLE head", hf_config)):
+            if length_rope(c, target.max_model_len) is not None:
+                raise ValueError(f"{flag('speculative_config')}: the {what}'s RoPE depends on the sequence "
+                                 "length; octavo runs EAGLE heads with fixed-RoPE models only")
+        head = dataclasses.replace(
+            target, model=head_dir, architecture=arch, hf_config=hf_config,
+            served_model_name=cfg.model, sampling_defaults={}, quantization=None,
+        )
+        return dataclasses.replace(cfg, model=head_dir, draft_model_config=head)
 
     def _check_draft(self, hf_config: Any, draft_dir: str, target: ModelConfig) -> None:
         """What octavo's draft runner needs of the checkpoint (errors name the problem)."""

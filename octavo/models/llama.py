@@ -135,14 +135,27 @@ class LlamaModel(nn.Module):
             for i, window in enumerate(layer_sliding_windows(cfg))
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # EAGLE-3 heads read the residual stream entering these layers: ``aux_out[:T]`` holds
+        # them side by side after each forward (a persistent buffer, so captured graphs write it).
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_out: torch.Tensor | None = None
 
     def forward(self, input_ids, positions, attn_metadata):
         hidden = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if self.aux_layers and i in self.aux_layers:
+                self._keep_aux(i, hidden, residual)
             hidden, residual = layer(positions, hidden, residual, attn_metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def _keep_aux(self, layer: int, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
+        stream = hidden if residual is None else hidden + residual
+        h, t = stream.shape[-1], stream.shape[0]
+        for slot, want in enumerate(self.aux_layers):
+            if want == layer:
+                self.aux_out[:t, slot * h : (slot + 1) * h].copy_(stream)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -6,8 +6,8 @@ one set -> the other takes its value.
 
 The method is inferred as vLLM infers it when ``method`` is left out: ``model`` ``"ngram"`` (or
 ``"[ngram]"``) means prompt lookup, any other ``model`` a draft model (``draft_model``), unless
-the checkpoint name says EAGLE (``eagle-``/``eagle3-``), which octavo does not run. The draft
-model's folder is resolved and checked against the target (same vocabulary) by ``EngineArgs``.
+the checkpoint name says EAGLE (``eagle-``: ``eagle``; ``eagle3-``: ``eagle3``). The draft model's or EAGLE head's folder is resolved and checked against the target
+(same vocabulary; for a head, the same hidden size) by ``EngineArgs``.
 """
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ from typing import Any
 from octavo.config import SpeculativeConfig
 
 FLAG = "--speculative-config"
-SUPPORTED_METHODS = ("ngram", "draft_model")
+SUPPORTED_METHODS = ("ngram", "draft_model", "eagle", "eagle3")
 # vLLM methods octavo does not run (yet): named in the error so the user knows it is not a typo.
-KNOWN_UNSUPPORTED_METHODS = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")
+KNOWN_UNSUPPORTED_METHODS = ( "medusa", "mlp_speculator", "mtp", "suffix")
 KNOWN_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "model")
 # The keys each method reads (another known key given with it is an error naming it).
 METHOD_KEYS = {
     "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
     "draft_model": ("model",),
+    "eagle": ("model",),
+    "eagle3": ("model",),
 }
 # vLLM keys that only apply to methods octavo does not run, or tuning octavo does not have.
 KNOWN_UNSUPPORTED_KEYS = (
@@ -66,7 +68,9 @@ def _infer_method(d: dict[str, Any]) -> Any:
         d.pop("model")
         return "ngram"
     name = str(model).lower()
-    return "eagle" if "eagle-" in name or "eagle3-" in name else "draft_model"
+    if "eagle3-" in name:
+        return "eagle3"
+    return "eagle" if "eagle-" in name else "draft_model"
 
 
 def _check_method(method: Any) -> str:
@@ -87,6 +91,8 @@ def _check_method_keys(d: dict[str, Any], method: str) -> None:
                          f"{['num_speculative_tokens', *METHOD_KEYS[method]]}")
     if method == "draft_model" and not isinstance(d.get("model"), str):
         raise ValueError(f"{FLAG}: method 'draft_model' needs 'model': the draft checkpoint (a folder or a Hub id)")
+    if method in ("eagle", "eagle3") and not isinstance(d.get("model"), str):
+        raise ValueError(f"{FLAG}: method {method!r} needs 'model': the EAGLE head checkpoint (a folder or a Hub id)")
 
 
 def _positive_int(d: dict[str, Any], key: str, minimum: int) -> None:
@@ -113,8 +119,8 @@ def _ngram_window(d: dict[str, Any]) -> None:
 def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | None:
     """The validated config, or None when speculative decoding is off (no value).
 
-    For ``draft_model`` the result's ``model`` is the name as given; ``EngineArgs`` resolves
-    it and attaches the draft's ``ModelConfig``."""
+    For ``draft_model``, ``eagle`` and ``eagle3`` the result's ``model`` is the name as given;
+    ``EngineArgs`` resolves it and attaches the draft's (head's) ``ModelConfig``."""
     d = _as_dict(value)
     if d is None:
         return None

@@ -79,6 +79,7 @@ class _Pass:
     positions: np.ndarray  # [T]
     query_lens: np.ndarray  # [B]
     seq_lens: np.ndarray  # [B] positions computed after the pass
+    hidden: torch.Tensor | None = None  # [T, H] what an EAGLE head reads beside the tokens
 
 
 class DraftModel:
@@ -111,7 +112,8 @@ class DraftModel:
         self.graph_runner = None
 
     # -- setup ----------------------------------------------------------------------------
-    def load(self) -> None:
+    def load(self, target=None) -> None:
+        """Build the draft (``target``, the target model, is for drafters that share its parts)."""
         self.model = build_model(self.mc, self.attn_backend, self.device, self.platform, self.max_model_len)
         logger.info("draft model %s: %s, %d layers, attention %s", self.mc.model, self.mc.architecture,
                     self.mc.num_layers, self.attn_backend.name)
@@ -141,13 +143,10 @@ class DraftModel:
         """Persistent inputs on an accelerator; decode graphs where the target captures them."""
         if self.platform.device_is_host():
             return
-        from octavo.worker.cuda_graph import GraphRunner, StepBuffers, capture_sizes, graph_mode
+        from octavo.worker.cuda_graph import GraphRunner, capture_sizes, graph_mode
 
         sc = self.config.scheduler_config
-        self.step_buffers = StepBuffers(
-            max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
-            self.max_blocks_per_req + self.scratch_per_row, self.block_size, self.device, self.platform,
-        )
+        self.step_buffers = self.make_step_buffers()
         mode, reason = graph_mode(self)
         if mode == "none":
             logger.info("draft model graphs: none (%s)", reason)
@@ -156,6 +155,17 @@ class DraftModel:
         self.graph_runner.capture()
         logger.info("draft model graphs: %s for single-token passes in %.1fs, pool %.0f MiB", mode,
                     self.graph_runner.capture_seconds, self.graph_runner.pool_bytes / 2**20)
+
+    def make_step_buffers(self):
+        """Persistent inputs of the draft's passes: as many tokens as a step, block tables as
+        wide as a row's own blocks plus its scratch blocks."""
+        from octavo.worker.cuda_graph import StepBuffers
+
+        sc = self.config.scheduler_config
+        return StepBuffers(
+            max(sc.max_num_batched_tokens, sc.max_num_seqs), sc.max_num_seqs,
+            self.max_blocks_per_req + self.scratch_per_row, self.block_size, self.device, self.platform,
+        )
 
     def build_attn_metadata(self, group_metadata: list[CommonAttentionMetadata]):
         """The backend's metadata (what ``GraphRunner`` asks of a runner): one group."""
@@ -244,7 +254,7 @@ class DraftModel:
             block_size=bs,
         )
         ids = p.token_ids if isinstance(p.token_ids, torch.Tensor) else dev(p.token_ids)
-        return self.model(ids, dev(p.positions), self.attn_backend.build_metadata(md))
+        return self._model_forward(ids, dev(p.positions), md, p)
 
     def _staged_forward(self, p: _Pass, table: np.ndarray, qsl: np.ndarray, slots: np.ndarray,
                         max_q: int) -> torch.Tensor:
@@ -264,6 +274,11 @@ class DraftModel:
             ids.copy_(p.token_ids)
         if pad is not None:
             return gr.replay(md)
+        return self._model_forward(ids, pos, md, p)
+
+    def _model_forward(self, ids: torch.Tensor, pos: torch.Tensor, md: CommonAttentionMetadata,
+                       p: _Pass) -> torch.Tensor:
+        """The draft network on one pass's inputs (an EAGLE head also reads ``p.hidden``)."""
         return self.model(ids, pos, self.attn_backend.build_metadata(md))
 
     def _block_table(self, batch, rows: np.ndarray, seq_lens: np.ndarray, full: bool) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 Every proposer answers ``propose_batch(requests, max_tokens) -> drafts`` (at most
 ``min(num_speculative_tokens, max_tokens[i])`` drafts for ``requests[i]``, maybe none). The
-n-gram proposer runs on the host, in the engine process; the draft model runs where the
-target runs, so its proposer here only asks the executor's workers.
+n-gram proposer runs on the host, in the engine process; the draft model and the EAGLE head
+run where the target runs, so their proposer here only asks the executor's workers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ logger = logging.getLogger(__name__)
 
 
 class DraftModelProposer:
-    """``draft_model``: the workers' ``DraftModel`` drafts greedily (see ``draft_model``)."""
+    """``draft_model`` / ``eagle``: the workers' ``DraftModel`` or ``EagleDrafter`` drafts
+    greedily (see ``draft_model`` and ``eagle``)."""
 
     def __init__(self, config: SpeculativeConfig, executor) -> None:
         self.k = config.num_speculative_tokens
@@ -36,8 +37,9 @@ def make_proposer(config: SpeculativeConfig | None, executor):
     """The proposer of ``config`` (None when speculative decoding is off)."""
     if config is None:
         return None
-    if config.method == "draft_model":
-        logger.info("speculative decoding: draft model %s, %d draft tokens", config.model,
+    if config.method in ("draft_model", "eagle", "eagle3"):
+        what = "draft model" if config.method == "draft_model" else "EAGLE head"
+        logger.info("speculative decoding: %s %s, %d draft tokens", what, config.model,
                     config.num_speculative_tokens)
         return DraftModelProposer(config, executor)
     from octavo.spec_decode.ngram_proposer import NgramProposer

@@ -98,12 +98,19 @@ class ModelRunner:
         self.graph_runner = None
         # Async scheduling: launched steps not yet resulted (at most one when launching).
         self._unresulted: list[StepHandle] = []
-        self.drafter = None  # octavo.spec_decode.draft_model.DraftModel with method draft_model
+        # method draft_model: octavo.spec_decode.draft_model.DraftModel; eagle / eagle3: its
+        # subclass octavo.spec_decode.eagle.EagleDrafter, which also reads each step's hidden states.
+        self.drafter = None
+        self.eagle = None
         spec = config.speculative_config
         if spec is not None and spec.method == "draft_model":
             from octavo.spec_decode.draft_model import DraftModel
 
             self.drafter = DraftModel(config, platform, self.device, self.transfer)
+        elif spec is not None and spec.method in ("eagle", "eagle3"):
+            from octavo.spec_decode.eagle import EagleDrafter
+
+            self.drafter = self.eagle = EagleDrafter(config, platform, self.device, self.transfer)
 
     # -- setup ----------------------------------------------------------------------------
     def _choose_attn_backend(self) -> tuple[type, list]:
@@ -142,7 +149,7 @@ class ModelRunner:
         self.model = model.eval()
         self.length_rope = length_rope(mc.hf_config, self.max_model_len)
         if self.drafter is not None:
-            self.drafter.load()
+            self.drafter.load(self.model)
         self.load_seconds = time.perf_counter() - t0
 
     def _quantize(self, model):
@@ -425,6 +432,8 @@ class ModelRunner:
             hidden = self.model(step.input_ids, step.positions, attn_md)
         prompt_logprobs = self._compute_prompt_logprobs(step.req_ids, step.rows, step.metadata, hidden)
         sampled = None if idx is None else self._sample(step, hidden[idx], so)
+        if self.eagle is not None:  # before the next forward reuses the hidden-state buffer
+            self.eagle.absorb(self.input_batch, step, hidden, idx, sampled)
         handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
         self._unresulted.append(handle)
         return handle
@@ -452,7 +461,7 @@ class ModelRunner:
         if tp.world_size > 1:
             sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
         sampled_t = sampled_t.to(torch.int64)
-        emitted_host = keep = None
+        emitted = emitted_host = keep = None
         if layout is not None:
             dev = self.transfer.to_device
             emitted, keep = verify_one_hot_drafts(sampled_t, dev(layout.draft_ids), dev(layout.seg), dev(layout.starts))
@@ -468,7 +477,7 @@ class ModelRunner:
             event.record()
         return SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
                              sampled_host, lp_host, num_lp, event, emitted_host,
-                             None if layout is None else layout.starts)
+                             None if layout is None else layout.starts, emitted)
 
     @staticmethod
     def _draft_layout(step: StepInputs, so: SchedulerOutput) -> DraftLayout | None:
@@ -500,10 +509,10 @@ class ModelRunner:
         return rows, self.transfer.to_device(bitmask)
 
     def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]]:
-        """Draft-model proposals: up to ``num_drafts[req_id]`` drafts for each request, whose
+        """Draft-model / EAGLE proposals: up to ``num_drafts[req_id]`` drafts for each request, whose
         known tokens but the last are all computed (after its step has been resulted)."""
         if self.drafter is None:
-            raise RuntimeError("propose_drafts needs speculative method draft_model")
+            raise RuntimeError("propose_drafts needs speculative method draft_model, eagle or eagle3")
         if self._unresulted:
             raise RuntimeError("drafts are proposed after the step that produced their context is resulted")
         if not num_drafts:

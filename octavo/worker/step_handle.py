@@ -67,6 +67,7 @@ class SampledTokens:
     # None when no row verified drafts (``host`` has one token per row).
     num_emitted_host: torch.Tensor | None = None
     position_starts: np.ndarray | None = None  # [len(rows)] first position of each row in ``host``
+    num_emitted_device: torch.Tensor | None = None  # ``num_emitted_host`` still on the device
 
     def emitted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens each row emits, flat index of each row's first position, emitted tokens

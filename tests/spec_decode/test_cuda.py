@@ -1,4 +1,4 @@
-"""n-gram and draft-model speculation on a GPU (CUDA graphs captured for the plain decode
+"""n-gram, draft-model, EAGLE and EAGLE-3 speculation on a GPU (CUDA graphs captured for the plain decode
 steps and the draft's single-token passes, verify steps eager): greedy output equals
 speculation off on the same device, every fixture architecture of the quick set, float32;
 seeded sampling draws the same tokens; the engine logs the fallback to synchronous
@@ -91,3 +91,120 @@ def test_draft_model_seeded_sampling_identical_on_cuda(llama_dir, small_draft_di
     base, _ = _run(llama_dir, None, params)
     spec, stats = _run_draft(llama_dir, small_draft_dir, params)
     assert spec == base and stats.spec_num_drafts > 0
+
+
+def _run_eagle(path: str, head: str, params, k: int = 3):
+    from octavo import LLM
+
+    spec = {"method": "eagle", "model": head, "num_speculative_tokens": k}
+    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16)
+    runner = llm.llm_engine.core.runner
+    assert runner.graph_runner is not None and runner.graph_runner.graphs  # the target's decode graphs
+    assert runner.drafter.step_buffers is not None  # the head's passes staged in persistent buffers
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    stats = llm.llm_engine.get_stats()
+    llm.shutdown()
+    return [o.outputs[0].token_ids for o in outs], stats
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_eagle_greedy_identical_on_cuda(checkpoints, eagle_heads, arch):
+    """EAGLE heads on the GPU (the target's plain decode steps replayed from graphs, verify
+    steps and the head's passes eager): a random head and an identity head (drafts the last
+    token), both identical to speculation off."""
+    from octavo import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    base, _ = _run(checkpoints[arch], None, params)
+    for kind in ("random", "identity"):
+        spec, stats = _run_eagle(checkpoints[arch], eagle_heads[arch, kind], params)
+        assert spec == base
+        assert stats.spec_num_draft_tokens > 0
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_eagle_mirror_head_all_accepted_on_cuda(attention_free_target):
+    """The mirror head of an attention-free target drafts exactly its next tokens: every
+    draft accepted on the GPU too (the hidden states and next tokens wired right)."""
+    from octavo import SamplingParams
+
+    target, head = attention_free_target
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    base, _ = _run(target, None, params)
+    spec, stats = _run_eagle(target, head, params, k=4)
+    assert spec == base
+    assert 0 < stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_eagle_seeded_sampling_identical_on_cuda(llama_dir, eagle_heads):
+    from octavo import SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=5, seed=7, max_tokens=32, ignore_eos=True)
+    base, _ = _run(llama_dir, None, params)
+    spec, stats = _run_eagle(llama_dir, eagle_heads["llama", "identity"], params)
+    assert spec == base and stats.spec_num_drafts > 0
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_eagle3_greedy_identical_on_cuda(eagle3_setups, arch):
+    """EAGLE-3 on the GPU (the target's decode graphs captured with the write of the auxiliary
+    hidden states): identical output."""
+    from octavo import LLM, SamplingParams
+
+    target, head = eagle3_setups[arch]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    base, _ = _run(target, None, params)
+    spec = {"method": "eagle3", "model": head, "num_speculative_tokens": 3}
+    llm = LLM(target, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16)
+    assert llm.llm_engine.core.runner.graph_runner.graphs
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    stats = llm.llm_engine.get_stats()
+    llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == base
+    assert stats.spec_num_draft_tokens > 0
+
+
+def _drafts_with_plain_steps_between(path: str, spec: dict, eager: bool) -> tuple[list, list]:
+    """(outputs, every proposal) when every other proposal is dropped, so that plain decode
+    steps (replayed from graphs unless ``eager``) feed the head the next proposal's state."""
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16,
+              enforce_eager=eager)
+    assert (llm.llm_engine.core.runner.graph_runner is None) == eager
+    drafter, seen, calls = llm.llm_engine.core.runner.drafter, [], [0]
+    propose = drafter.propose
+
+    def every_other(batch, rows, num_drafts):
+        calls[0] += 1
+        drafts = propose(batch, rows, num_drafts)
+        seen.append(drafts)
+        return drafts if calls[0] % 2 else [[] for _ in drafts]
+
+    drafter.propose = every_other
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
+    llm.shutdown()
+    return [o.outputs[0].token_ids for o in outs], seen
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_eagle_heads_read_hidden_states_of_graph_replays(eagle3_setups, eagle_heads, checkpoints):
+    """The head's state after a decode step replayed from a CUDA graph (EAGLE-1: the graph's
+    output hidden states; EAGLE-3: the auxiliary buffer the graph writes) proposes the same
+    drafts as after the same step run eagerly."""
+    for path, spec in ((checkpoints["llama"], {"method": "eagle", "model": eagle_heads["llama", "random"]}),
+                       (eagle3_setups["llama"][0], {"method": "eagle3", "model": eagle3_setups["llama"][1]})):
+        spec = {**spec, "num_speculative_tokens": 3}
+        graphs = _drafts_with_plain_steps_between(path, spec, eager=False)
+        eager = _drafts_with_plain_steps_between(path, spec, eager=True)
+        assert graphs[0] == eager[0]
+        assert graphs[1] == eager[1] and sum(len(d) for p in graphs[1] for d in p) > 0
