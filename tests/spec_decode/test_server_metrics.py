@@ -39,11 +39,16 @@ def test_spec_decode_metrics(server):
 def test_draft_model_server(llama_dir):
     """``"model"`` without ``"method"`` is a draft model (vLLM's inference); with the target as
     its own draft, served from the engine process, every draft is accepted."""
+    _assert_every_draft_accepted(llama_dir, {"model": llama_dir, "num_speculative_tokens": 3})
+
+
+def _assert_every_draft_accepted(target: str, spec: dict) -> None:
+    """Serve ``target`` with ``spec`` from the engine process: greedy completions of full
+    length, every draft accepted (the draft is the target itself, or mirrors it)."""
     import json
 
-    spec = json.dumps({"model": llama_dir, "num_speculative_tokens": 3})
-    srv = RemoteServer(["--dtype", "float32", "--max-model-len", "512", "--speculative-config", spec],
-                       env={"OCTAVO_DEFAULT_MODEL": llama_dir})
+    srv = RemoteServer(["--dtype", "float32", "--max-model-len", "512", "--speculative-config", json.dumps(spec)],
+                       env={"OCTAVO_DEFAULT_MODEL": target})
     try:
         for p in random_prompts(512, [5, 19], seed=4):
             r = httpx.post(srv.url + "/v1/completions", timeout=60,
@@ -59,21 +64,8 @@ def test_draft_model_server(llama_dir):
 def test_eagle_server(tmp_path, attention_free_target):
     """A head folder named ``EAGLE-...`` without ``"method"`` is an EAGLE head (vLLM's
     inference); served from the engine process, the mirror head's drafts are all accepted."""
-    import json
     import shutil
 
     target, head = attention_free_target
     named = shutil.copytree(head, tmp_path / "EAGLE-mirror")
-    spec = json.dumps({"model": str(named), "num_speculative_tokens": 3})
-    srv = RemoteServer(["--dtype", "float32", "--max-model-len", "512", "--speculative-config", spec],
-                       env={"OCTAVO_DEFAULT_MODEL": target})
-    try:
-        for p in random_prompts(512, [5, 19], seed=4):
-            r = httpx.post(srv.url + "/v1/completions", timeout=60,
-                           json={"prompt": p, "max_tokens": 24, "temperature": 0, "ignore_eos": True})
-            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 24
-        m = srv.metrics()
-    finally:
-        srv.stop()
-    tokens = m["octavo:spec_decode_num_draft_tokens_total"]
-    assert 0 < tokens == m["octavo:spec_decode_num_accepted_tokens_total"]
+    _assert_every_draft_accepted(target, {"model": str(named), "num_speculative_tokens": 3})
