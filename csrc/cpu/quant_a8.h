@@ -11,13 +11,13 @@
 // Loop: per 4 k, the tile's 4 x 32 codes (128 bytes: 8-bit rows k..k+3, or 4-bit rows r, r+1
 // with their nibbles split) are regrouped into two registers of 16 channels x 4 consecutive k
 // by VPERMT2B, and each row's 4 activation bytes (broadcast) meet them in VPDPBUSD (u8 x s8).
-// Rows are processed in blocks of up to kA8Rows sharing every regrouped weight register.
+// Rows are processed in blocks of up to kA8Rows (8) sharing every regrouped weight register.
 // Needs K % 4 == 0, group % 4 == 0 (or one group per row) and group <= kA8MaxGroup (int32 headroom:
 // 255 * 128 * group < 2^31).
 
 #if OCTAVO_QUANT_A8
 
-constexpr int kA8Rows = 4;
+constexpr int kA8Rows = 8;
 constexpr int64_t kA8MaxGroup = 65536;
 #define OCTAVO_A8_TARGET __attribute__((target("avx512vnni,avx512vbmi")))
 
@@ -129,6 +129,10 @@ OCTAVO_A8_TARGET static void a8_item(void* ctx, int64_t item, int) {
       case 1: a8_block<DT, BITS, 1>(c, t, m0); break;
       case 2: a8_block<DT, BITS, 2>(c, t, m0); break;
       case 3: a8_block<DT, BITS, 3>(c, t, m0); break;
+      case 4: a8_block<DT, BITS, 4>(c, t, m0); break;
+      case 5: a8_block<DT, BITS, 5>(c, t, m0); break;
+      case 6: a8_block<DT, BITS, 6>(c, t, m0); break;
+      case 7: a8_block<DT, BITS, 7>(c, t, m0); break;
       default: break;
     }
   }

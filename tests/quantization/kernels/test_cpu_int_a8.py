@@ -23,7 +23,7 @@ from octavo.quantization.kernels import cpu_int, select, torch_ref  # noqa: E402
 VARIANTS = cpu_isa.usable_variants()
 A8 = [v for v in VARIANTS if cpu_isa.load_variant(v).int_a8()]
 NO_A8 = [v for v in VARIANTS if v not in A8]
-ROWS = [1, 2, 3, 4, 5, 9]
+ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 17]
 # (N, K, group): N not a multiple of 32; K a multiple of 4; per-channel and grouped
 SHAPES = [(100, 224, 32), (70, 320, 64), (45, 384, 128), (33, 196, None)]
 TOL = {torch.float32: 2e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
