@@ -159,3 +159,17 @@ def test_int8_w8a8_checkpoints_use_integer_activations():
     for m in (1, 4, 7):
         x = torch.randn(m, 256, generator=g)
         assert rel_err(kernel.apply(x, packed, None), torch_ref.int8_w8a8_linear(x, w)) < TOL[torch.float32]
+
+
+@pytest.mark.skipif(not A8 or not cpu_isa.load_variant(A8[0]).int_amx(), reason="needs VNNI and AMX")
+@pytest.mark.parametrize("bits,group", [(8, None), (4, 32)])
+def test_prefill_batches_on_amx_match_reference(bits, group):
+    w = make_weight(100, 256, group, bits, sym=False, seed=5)
+    packed = pack(w, A8[0])
+    assert packed.amx
+    bias = torch.randn(100)
+    for m in (cpu_int.A8_AMX_MIN_ROWS + 1, 40):
+        x = torch.randn(m, 256).bfloat16()
+        y = cpu_int.int_linear(x, packed, bias)
+        assert y.dtype == torch.bfloat16
+        assert rel_err(y, torch_ref.int_a8_linear(x.float(), w, bias)) < 2 * TOL[torch.bfloat16]
