@@ -173,6 +173,25 @@ OCTAVO_A8_TARGET static void a8_quantize_row(const IntLinearArgs& a, float input
   }
 }
 
+#if OCTAVO_QUANT_AMX
+// bf16 batches of more than kA8AmxMinRows rows where the AMX path applies: the int8 codes as bf16
+// (exact) through amx_linear, the per-row activation scale applied in its fp32 epilogue. Same
+// integers; the group sums accumulate in fp32 (TDPBF16PS) instead of int32.
+constexpr int64_t kA8AmxMinRows = 8;
+static thread_local TlsBuffer a8_codes;
+
+static const char* a8_amx(const IntLinearArgs& a, const int8_t* xq, const float* xs) {
+  const int64_t K = a.w.k;
+  uint16_t* xb = (uint16_t*)a8_codes.get((size_t)(a.m * K * 2));
+  if (!xb) return "out of memory for the activation codes";
+  for (int64_t i = 0; i < a.m * K; ++i) xb[i] = f32_to_bf16_bits((float)xq[i]);
+  IntLinearArgs b = a;
+  b.x = xb;
+  b.x_stride = K;
+  return amx_linear(b, xs);
+}
+#endif
+
 template <int DT>
 static const char* a8_linear_dt(const IntLinearArgs& a) {
   const float input_scale = a.input_scale;
@@ -186,6 +205,13 @@ static const char* a8_linear_dt(const IntLinearArgs& a) {
   float* xs = (float*)(buf + xq_bytes);
   int32_t* xsum = (int32_t*)(xs + a.m);
   for (int64_t i = 0; i < a.m; ++i) a8_quantize_row<DT>(a, input_scale, i, xq + i * K, xs + i, xsum + i * G);
+#if OCTAVO_QUANT_AMX
+  if (DT == kBFloat16 && a.m > kA8AmxMinRows && amx_applies(a)) {
+    const char* e = a8_amx(a, xq, xs);
+    free(buf);
+    return e;
+  }
+#endif
   const int threads = threading::resolve_threads(a.num_threads);
   const int64_t nt = n_tiles(a.w);
   int64_t per = nt / ((int64_t)threads * 4);

@@ -20,7 +20,7 @@ multiplies in integers (AVX512-VNNI, ``csrc/cpu/quant_a8.h``; ``torch_ref.int_a8
 math): W8A8 / W4A8 numerics, for checkpoints whose activations are int8 and for the
 ``OCTAVO_CPU_INT8_ACTIVATIONS`` opt-in (``a8_unsupported`` says where it cannot run). bf16
 batches of more than ``A8_AMX_MIN_ROWS`` rows on an AMX CPU feed the int8 codes (exact in bf16)
-to the AMX kernel and apply the per-token scale after it.
+to the AMX kernel, the per-token scale applied in its fp32 epilogue (sums in fp32, not int32).
 The ISA variant is the one ``octavo.cpu_isa`` selects (``OCTAVO_CPU_ISA`` forces one), fixed
 per packed weight at prepack time.
 
@@ -44,9 +44,8 @@ BLAS_BLOCK_BYTES = 1 << 20  # one dequantized block of tiles (stays in L2)
 AMX_K = 32  # the AMX path needs groups of a multiple of this (or one group per row)
 A8_MAX_GROUP = 65536  # int8 activations: int32 sums of 255 * 128 * group stay exact
 # int8 activations, bf16 batches above this many rows where the CPU has AMX: the codes through
-# the AMX kernel (VPDPBUSD's 64 MACs per instruction lose to AMX's tiles at prefill sizes)
+# the AMX kernel in C++ (VPDPBUSD's 64 MACs per instruction lose to AMX's tiles at prefill sizes)
 A8_AMX_MIN_ROWS = 8
-INT8_HALF_RANGE = 127.5  # per-token scale amax / 127.5 (compressed-tensors' symmetric convention)
 
 cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
 
@@ -185,29 +184,10 @@ def _f32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     return bias
 
 
-def _a8_amx_linear(x2: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None) -> torch.Tensor:
-    """Prefill-sized bf16 batches: the int8 codes of x (exact in bf16) through the AMX kernel,
-    then the per-token scale in fp32. Same math as ``int_linear_a8`` up to fp32 summation order
-    and one bf16 rounding of the integer-valued sums before the scale."""
-    xf = x2.to(torch.float32)
-    if packed.input_scale > 0:
-        s = torch.tensor(packed.input_scale)
-    else:
-        s = (xf.abs().amax(dim=-1, keepdim=True) / INT8_HALF_RANGE).clamp(min=1e-12)
-    xq = torch.round(xf / s).clamp_(-128, 127).to(torch.bfloat16)
-    out = torch.empty(x2.shape[0], packed.n, dtype=torch.bfloat16)
-    packed.ext.int_linear(x=xq, out=out, allow_amx=True, **packed._kw())
-    y = out.to(torch.float32).mul_(s)
-    if bias is not None:
-        y += bias.to(torch.float32)
-    return y.to(torch.bfloat16)
-
-
 def _a8_linear(x: torch.Tensor, x2: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None) -> torch.Tensor:
-    if packed.amx and x2.dtype == torch.bfloat16 and x2.shape[0] > A8_AMX_MIN_ROWS:
-        return _a8_amx_linear(x2, packed, bias).view(*x.shape[:-1], packed.n)
     out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
-    packed.ext.int_linear_a8(x=x2, out=out, bias=_f32_bias(bias), input_scale=packed.input_scale, **packed._kw())
+    packed.ext.int_linear_a8(x=x2, out=out, bias=_f32_bias(bias), input_scale=packed.input_scale,
+                             allow_amx=packed.amx, **packed._kw())
     return out.view(*x.shape[:-1], packed.n)
 
 
