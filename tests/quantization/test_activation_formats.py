@@ -131,7 +131,6 @@ def _int8_activations_here() -> bool:
     return cpu_isa.extension_unavailable_reason() is None and cpu_isa.load_extension().int_a8()
 
 
-@pytest.mark.slow  # ~40 s; the W8A8 test above runs the same kernel in test-cpu
 @pytest.mark.skipif(not _int8_activations_here(), reason="needs the C++ kernels and a CPU with AVX512-VNNI")
 def test_int8_activation_opt_in_matches_fake_quantized_transformers(wide_llama, tmp_path, monkeypatch):
     """OCTAVO_CPU_INT8_ACTIVATIONS=1 on a W4A16 checkpoint: W4A8 numerics, the reference is
