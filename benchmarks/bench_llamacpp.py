@@ -22,7 +22,9 @@ Stages (``--stages``, default all of them, each safe to re-run):
   ``--input-len`` prompt tokens; tg = ``--output-len`` tokens after a ``--input-len`` context:
   ``-d``) then ``octavo bench latency`` of the counterpart (batch 1, same lengths,
   ``--threads``): bf16 -> the bf16 checkpoint, q8_0 -> ``--quantization int8`` (online
-  weight-only, per channel), q4_0 -> the W4A16 copy. Per-round ratios and their medians:
+  weight-only, per channel), q4_0 -> the W4A16 copy; with ``--octavo-a8`` the q8_0 / q4_0
+  counterparts run a second time with int8 activations (``OCTAVO_CPU_INT8_ACTIVATIONS=1``: the
+  numerics llama.cpp's q8_0 / q4_0 use). Per-round ratios and their medians:
   octavo TPOT / llama.cpp time per generated token, octavo TTFT / llama.cpp prompt time. The load
   average before each measurement is recorded: other work on the machine moves every figure, the
   same-round ratio much less. ggml's ``system_info`` line and the CPU's flags go in the report.
@@ -185,15 +187,17 @@ def octavo_counterpart(args, gtype: str) -> tuple[str, list[str]]:
     raise ValueError(f"no octavo counterpart for llama.cpp type {gtype!r}")
 
 
-def octavo_latency(args, gtype: str, path: Path) -> dict[str, float]:
+def octavo_latency(args, gtype: str, path: Path, a8: bool = False) -> dict[str, float]:
+    """octavo's medians; ``a8``: with OCTAVO_CPU_INT8_ACTIVATIONS=1 (int8 activations, like q8_0 / q4_0)."""
     model, flags = octavo_counterpart(args, gtype)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OCTAVO_CPU_INT8_ACTIVATIONS": "1" if a8 else "0"}
     sh([sys.executable, "-m", "octavo.entrypoints.cli", "bench", "latency", "--model", model,
         "--batch-size", 1, "--input-len", args.input_len, "--output-len", args.output_len,
         "--threads", args.threads, "--num-iters-warmup", 1, "--num-iters", args.octavo_iters,
         "--max-model-len", args.input_len + args.output_len, "--max-num-seqs", 1,
         "--disable-tqdm", "--output-json", path, *flags, *args.octavo_args],
-       env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-       stdout=subprocess.DEVNULL)
+       env=env, stdout=subprocess.DEVNULL)
     s = json.loads(path.read_text())["results"]["octavo"]["summary"]
     return {"ttft_ms": s["median_ttft_ms"], "tpot_ms": s["median_tpot_ms"]}
 
@@ -229,6 +233,13 @@ def bench_round(args, i: int) -> dict:
         print(f"round {i} {t} (load {load:.1f}): octavo TPOT {oc['tpot_ms']:.2f} ms vs llama.cpp "
               f"{lc['tg_ms_per_token']:.2f} ms/token ({per[t]['tpot_ratio']:.2f}x); TTFT {oc['ttft_ms']:.1f} ms "
               f"vs prompt {lc['pp_ms']:.1f} ms ({per[t]['ttft_ratio']:.2f}x)", flush=True)
+        if args.octavo_a8 and t in ("q8_0", "q4_0"):
+            o8 = octavo_latency(args, t, Path(args.work) / f"octavo-latency-{t}-a8-r{i}.json", a8=True)
+            per[t].update(octavo_a8=o8, tpot_ratio_a8=o8["tpot_ms"] / lc["tg_ms_per_token"],
+                          ttft_ratio_a8=o8["ttft_ms"] / lc["pp_ms"])
+            print(f"round {i} {t} int8 activations: octavo TPOT {o8['tpot_ms']:.2f} ms "
+                  f"({per[t]['tpot_ratio_a8']:.2f}x); TTFT {o8['ttft_ms']:.1f} ms ({per[t]['ttft_ratio_a8']:.2f}x)",
+                  flush=True)
     return {"round": i, "types": per}
 
 
@@ -238,7 +249,12 @@ def summary(rounds: list[dict], t: str) -> dict[str, float]:
     def med(f) -> float:
         return statistics.median(f(r) for r in rs)
 
-    return {
+    a8 = {} if "octavo_a8" not in rs[0] else {
+        "octavo_a8_tpot_ms": med(lambda r: r["octavo_a8"]["tpot_ms"]),
+        "median_tpot_ratio_a8": med(lambda r: r["tpot_ratio_a8"]),
+        "median_ttft_ratio_a8": med(lambda r: r["ttft_ratio_a8"]),
+    }
+    return a8 | {
         "octavo_tpot_ms": med(lambda r: r["octavo"]["tpot_ms"]),
         "llamacpp_tg_ms_per_token": med(lambda r: r["llamacpp"]["tg_ms_per_token"]),
         "median_tpot_ratio": med(lambda r: r["tpot_ratio"]),
@@ -265,6 +281,9 @@ def stage_bench(args) -> dict:
         print(f"{t:>6} {m['octavo_tpot_ms']:10.2f}ms {m['llamacpp_tg_ms_per_token']:8.2f}ms "
               f"{m['median_tpot_ratio']:5.2f}x {m['octavo_ttft_ms']:10.1f}ms {m['llamacpp_pp_ms']:11.1f}ms "
               f"{m['median_ttft_ratio']:5.2f}x")
+        if "median_tpot_ratio_a8" in m:
+            print(f"{t + '+a8':>6} {m['octavo_a8_tpot_ms']:10.2f}ms {'':>10} {m['median_tpot_ratio_a8']:5.2f}x "
+                  f"{'':>12} {'':>13} {m['median_ttft_ratio_a8']:5.2f}x  (OCTAVO_CPU_INT8_ACTIVATIONS=1)")
     return report
 
 
@@ -293,6 +312,9 @@ def main() -> None:
     p.add_argument("--octavo-iters", type=int, default=3)
     p.add_argument("--octavo-args", nargs=argparse.REMAINDER, default=[],
                    help="extra `octavo bench latency` flags (last on the command line)")
+    p.add_argument("--octavo-a8", action="store_true",
+                   help="q8_0 / q4_0: also run octavo with OCTAVO_CPU_INT8_ACTIVATIONS=1 (int8 activations, "
+                        "llama.cpp's numerics) in the same round")
     p.add_argument("--json-out", default=None)
     args = p.parse_args()
     args.model = args.model or str(Path(args.work) / "smol-135m")

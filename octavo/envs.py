@@ -84,6 +84,12 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "Small-batch linears: GPU (<= 8 rows) auto (time the Triton GEMV against cuBLAS at load), "
         "table, or off; CPU (<= 4 rows, bf16) octavo's GEMV unless off.",
     ),
+    "OCTAVO_CPU_INT8_ACTIVATIONS": (
+        _bool("OCTAVO_CPU_INT8_ACTIVATIONS", False),
+        "Weight-only INT8 / INT4 layers (int8, W8A16, W4A16, AWQ, GPTQ) on a CPU with AVX512-VNNI "
+        "quantize activations per token to int8 and use integer dot products (like llama.cpp's "
+        "q8_0 / q4_0): faster, but changes outputs. W8A8 checkpoints do this regardless.",
+    ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),
         "Run the engine core inside the API process (debugging).",

@@ -53,6 +53,7 @@ struct AmxCtx {
   int64_t k32;         // K rounded up to 32
   int64_t tiles_per_item;
   int failed;
+  const float* row_scale;  // [m] or null: y[i] *= row_scale[i] before the bias (int8 activations)
 };
 
 // dst[2i] = bf16(even[i]), dst[2i+1] = bf16(odd[i]); exact for the integers (q - z)
@@ -140,8 +141,15 @@ OCTAVO_AMX_TARGET static void amx_block(const AmxCtx& c, const uint16_t* bt, int
       store(ai + 16, g == 0 ? mul(load(ci + 16), s1) : fma(load(ci + 16), s1, load(ai + 16)));
     }
   }
-  for (int i = 0; i < mb; ++i)
-    store_tile<kBFloat16>(*c.a, m0 + i, tile * kQuantTile, load(acc + i * kQuantTile), load(acc + i * kQuantTile + 16));
+  for (int i = 0; i < mb; ++i) {
+    F y0 = load(acc + i * kQuantTile), y1 = load(acc + i * kQuantTile + 16);
+    if (c.row_scale) {
+      const F r = bcast(c.row_scale[m0 + i]);
+      y0 = mul(y0, r);
+      y1 = mul(y1, r);
+    }
+    store_tile<kBFloat16>(*c.a, m0 + i, tile * kQuantTile, y0, y1);
+  }
 }
 
 static thread_local TlsBuffer amx_pairs;  // this thread's dequantized tiles
@@ -167,9 +175,10 @@ OCTAVO_AMX_TARGET static void amx_item(void* ctx, int64_t item, int) {
 
 static thread_local TlsBuffer amx_xpad;  // x zero-padded to k32 columns, when K % 32 != 0
 
-static const char* amx_linear(const IntLinearArgs& a) {
+// row_scale: see AmxCtx (x then holds int8 codes as bf16, exact)
+static const char* amx_linear(const IntLinearArgs& a, const float* row_scale = nullptr) {
   const int64_t k32 = (a.w.k + kAmxK - 1) / kAmxK * kAmxK;
-  AmxCtx c{&a, (const uint16_t*)a.x, a.x_stride, k32, 1, 0};
+  AmxCtx c{&a, (const uint16_t*)a.x, a.x_stride, k32, 1, 0, row_scale};
   if (k32 != a.w.k) {
     uint16_t* xp = (uint16_t*)amx_xpad.get((size_t)(a.m * k32 * 2));
     if (!xp) return "out of memory for the padded activations";

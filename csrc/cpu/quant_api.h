@@ -40,6 +40,7 @@ struct IntLinearArgs {
   int dtype;        // DType of x and out
   int num_threads;  // 0: the OpenMP runtime's current default
   int allow_amx;    // 0: never the AMX path (comparisons); else where int_amx() and the shape allow
+  float input_scale;  // int_linear_a8 only: > 0 a static activation scale, else per-row dynamic
 };
 
 // out[k, n] = w[n, k] in `dtype` (the transposed weight, rows of o_stride >= n elements): the
@@ -58,6 +59,10 @@ struct QuantKernels {
   const char* (*int_dequant)(const IntDequantArgs&);
   // whether int_linear runs bf16 batches of >= 5 rows with AMX on this CPU
   bool (*int_amx)();
+  // W8A8 / W4A8 (quant_a8.h): x quantized per row to int8, integer dot products; nullptr on
+  // success, else why not (no VNNI here, an unsupported shape)
+  const char* (*int_linear_a8)(const IntLinearArgs&);
+  bool (*int_a8)();  // whether int_linear_a8 runs here
 };
 
 }  // namespace octavo

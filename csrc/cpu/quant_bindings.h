@@ -109,6 +109,23 @@ inline void register_quant(py::module_& m) {
         "bf16 batches of >= 5 rows run on AMX where int_amx() (allow_amx=False: never).");
   m.def("int_amx", [] { return qk->int_amx(); },
         "Whether int_linear runs bf16 batches of >= 5 rows on AMX on this CPU (any number of rows).");
+  m.def("int_linear_a8",
+        [](py::handle x, py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k,
+           int group, int bits, py::handle bias, float input_scale, int num_threads, bool allow_amx) {
+          octavo::IntLinearArgs a = octavo::bind::int_linear_args(x, weight, scales, zeros, out, n, k, group,
+                                                                  bits, bias, num_threads, allow_amx);
+          a.input_scale = input_scale;
+          run_checked("int_linear_a8", qk->int_linear_a8, a);
+        },
+        py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
+        py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
+        py::arg("input_scale") = 0.f, py::arg("num_threads") = 0, py::arg("allow_amx") = true,
+        "out [M, n] = like int_linear, but x is first quantized to int8 per row (input_scale > 0: that "
+        "static scale; else amax / 127.5) and the codes meet the weights in integer dot products "
+        "(AVX512-VNNI; W8A8 / W4A8 numerics, csrc/cpu/quant_a8.h); bf16 batches of > 8 rows feed the "
+        "codes to the AMX kernel where int_amx() (allow_amx=False: never).");
+  m.def("int_a8", [] { return qk->int_a8(); },
+        "Whether int_linear_a8 runs on this CPU (AVX-512 build, AVX512-VNNI and AVX512-VBMI).");
   m.def("int_dequant",
         [](py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k, int group,
            int bits, int num_threads) {

@@ -31,6 +31,14 @@
 #else
 #define OCTAVO_QUANT_AMX 0
 #endif
+// int8-activation layers (quant_a8.h): the AVX-512 builds on x86-64 (VNNI checked at run time)
+#if defined(OCTAVO_ISA_AVX512) && defined(__x86_64__)
+#define OCTAVO_QUANT_A8 1
+#include <cpuid.h>
+#include <math.h>
+#else
+#define OCTAVO_QUANT_A8 0
+#endif
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
@@ -318,6 +326,7 @@ static const char* check_weights(const IntWeights& w) {
 
 #include "tls_buffer.h"  // struct TlsBuffer, in this ISA namespace
 #include "quant_amx.h"
+#include "quant_a8.h"
 
 template <int DT>
 static const char* linear_dt(const IntLinearArgs& a) {
@@ -407,6 +416,31 @@ static const char* int_linear(const IntLinearArgs& a) {
   }
 }
 
+// W8A8 / W4A8: x quantized to int8 per row (quant_a8.h); an error where this build or CPU cannot.
+static const char* int_linear_a8(const IntLinearArgs& a) {
+  if (const char* e = quant::check_weights(a.w)) return e;
+#if OCTAVO_QUANT_A8
+  if (a.m <= 0) return quant::a8_unsupported(a);
+  switch (a.dtype) {
+    case kFloat32: return quant::a8_linear_dt<kFloat32>(a);
+    case kBFloat16: return quant::a8_linear_dt<kBFloat16>(a);
+    case kFloat16: return quant::a8_linear_dt<kFloat16>(a);
+    default: return "unsupported dtype";
+  }
+#else
+  return "int8 activations need an AVX-512 build with AVX512-VNNI (this build has none)";
+#endif
+}
+
+// Whether int_linear_a8 runs on this CPU with this build.
+static bool int_a8() {
+#if OCTAVO_QUANT_A8
+  return quant::a8_ready();
+#else
+  return false;
+#endif
+}
+
 static const char* int_dequant(const IntDequantArgs& a) {
   if (const char* e = quant::check_weights(a.w)) return e;
   void (*fn)(void*, int64_t, int) = nullptr;
@@ -434,7 +468,7 @@ static bool int_amx() {
 
 // The table this ISA's quantized-linear translation unit exports (quant_kernels.cpp).
 const QuantKernels* quant_kernels() {
-  static const QuantKernels table = {kIsaName, &int_linear, &int_dequant, &int_amx};
+  static const QuantKernels table = {kIsaName, &int_linear, &int_dequant, &int_amx, &int_linear_a8, &int_a8};
   return &table;
 }
 

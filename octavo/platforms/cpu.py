@@ -32,7 +32,11 @@ class CpuPlatform(Platform):
     # casts): correct but not faster; online fp8 is refused (int8 is the CPU's online method).
     supported_quantization = ("awq", "compressed-tensors", "fp8", "gptq", "int8")
     supported_online_quantization = ("int8",)
-    quant_kernel_priority: ClassVar[dict[str, tuple[str, ...]]] = {"int": ("cpu_int",)}
+    # int8 activations: INT8 W8A8 checkpoints always; weight-only ones only by opt-in
+    # (OCTAVO_CPU_INT8_ACTIVATIONS); both need AVX512-VNNI, else the next candidate.
+    quant_kernel_priority: ClassVar[dict[str, tuple[str, ...]]] = {
+        "int": ("cpu_int_a8", "cpu_int"), "int8_w8a8": ("cpu_w8a8",),
+    }
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -116,3 +116,36 @@ def test_fp8_per_tensor_matches_emulated_transformers(static, wide_llama, tmp_pa
     print(f"\nfp8-per-tensor-{'static' if static else 'dynamic'}: {result}")
     assert result.top1 >= 0.97, result
     assert result.mean_abs_dlogprob < 1e-2, result
+
+
+def _int8_token_hook(module, args):
+    """Each linear's input rounded through int8 per token (``amax / 127.5``, round half to even)."""
+    x = args[0]
+    s = (x.abs().amax(-1, keepdim=True) / 127.5).clamp(min=1e-12)
+    return ((x / s).round().clamp(-128, 127) * s,)
+
+
+def _int8_activations_here() -> bool:
+    from octavo import cpu_isa
+
+    return cpu_isa.extension_unavailable_reason() is None and cpu_isa.load_extension().int_a8()
+
+
+@pytest.mark.skipif(not _int8_activations_here(), reason="needs the C++ kernels and a CPU with AVX512-VNNI")
+def test_int8_activation_opt_in_matches_fake_quantized_transformers(wide_llama, tmp_path, monkeypatch):
+    """OCTAVO_CPU_INT8_ACTIVATIONS=1 on a W4A16 checkpoint: W4A8 numerics, the reference is
+    transformers on the dequantized weights with every linear's input rounded through int8."""
+    qdir, deq = writers.ct_weight_only(wide_llama, tmp_path / "q", 4, 32, sym=True)
+    ref = hf_model(str(writers.write_dequantized(wide_llama, tmp_path / "deq", deq)))
+    hooks = [mod.register_forward_pre_hook(_int8_token_hook) for name, mod in ref.named_modules()
+             if isinstance(mod, torch.nn.Linear) and name != "lm_head"]
+    seqs = reference_sequences(ref, ref.config.vocab_size)
+    monkeypatch.setenv("OCTAVO_CPU_INT8_ACTIVATIONS", "1")
+    llm = LLM(str(qdir), dtype="float32", max_num_seqs=8)
+    result = compare(llm, ref, seqs)
+    print(f"\nW4A16 g32 + int8 activations: {result}")
+    assert result.top1 >= 0.97, result
+    assert result.mean_abs_dlogprob < 2e-2, result
+    for h in hooks:
+        h.remove()  # the checkpoint's own (16-bit activation) numerics: clearly further away
+    assert compare(llm, ref, seqs).mean_abs_dlogprob > 3 * result.mean_abs_dlogprob + 1e-4

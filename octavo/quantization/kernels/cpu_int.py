@@ -15,6 +15,12 @@ weight is still read from memory as codes only. Where the CPU has AMX (``PackedI
 batches of 5 rows and more -- any number of them -- run in C++ instead: each thread dequantizes
 its weight tiles once into a cache-resident bf16 buffer and multiplies on the AMX tiles, the
 scales applied per group in fp32 (exact weight-only semantics; ``csrc/cpu/quant_amx.h``).
+With ``act_int8`` (``PackedInt.a8``) every batch instead quantizes x per token to int8 and
+multiplies in integers (AVX512-VNNI, ``csrc/cpu/quant_a8.h``; ``torch_ref.int_a8_linear`` is its
+math): W8A8 / W4A8 numerics, for checkpoints whose activations are int8 and for the
+``OCTAVO_CPU_INT8_ACTIVATIONS`` opt-in (``a8_unsupported`` says where it cannot run). bf16
+batches of more than ``A8_AMX_MIN_ROWS`` rows on an AMX CPU feed the int8 codes (exact in bf16)
+to the AMX kernel, the per-token scale applied in its fp32 epilogue (sums in fp32, not int32).
 The ISA variant is the one ``octavo.cpu_isa`` selects (``OCTAVO_CPU_ISA`` forces one), fixed
 per packed weight at prepack time.
 
@@ -36,6 +42,10 @@ TILE = 32  # output channels per tile (kQuantTile in quant_api.h)
 GEMM_MAX_ROWS = 40
 BLAS_BLOCK_BYTES = 1 << 20  # one dequantized block of tiles (stays in L2)
 AMX_K = 32  # the AMX path needs groups of a multiple of this (or one group per row)
+A8_MAX_GROUP = 65536  # int8 activations: int32 sums of 255 * 128 * group stay exact
+# int8 activations, bf16 batches above this many rows where the CPU has AMX: the codes through
+# the AMX kernel in C++ (VPDPBUSD's 64 MACs per instruction lose to AMX's tiles at prefill sizes)
+A8_AMX_MIN_ROWS = 8
 
 cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
 
@@ -57,6 +67,8 @@ class PackedInt:
     bits: int
     ext: ModuleType
     amx: bool = False  # bf16 batches of >= 5 rows run on AMX (any M; no BLAS path)
+    a8: bool = False  # every batch: int8 activations, integer dot products (int_linear_a8)
+    input_scale: float = 0.0  # a8 with a static activation scale (> 0); 0: per token
 
     @property
     def nbytes(self) -> int:
@@ -96,16 +108,30 @@ def _tiles(t: torch.Tensor, n_pad: int) -> torch.Tensor:
     return padded.view(n_pad // TILE, TILE, c).transpose(1, 2).contiguous()
 
 
+def a8_unsupported(k: int, group: int, ext: ModuleType) -> str | None:
+    """Why int8 activations cannot run for this shape with this kernel build, or None."""
+    if not ext.int_a8():
+        return f"int8 activations need AVX512-VNNI and AVX512-VBMI (kernel build {ext.ISA} on this CPU has not)"
+    if k % 4 or (group != k and group % 4) or group > A8_MAX_GROUP:
+        return f"int8 activations need K and the group multiples of 4, group <= {A8_MAX_GROUP} (K={k}, group={group})"
+    return None
+
+
 def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
-                *, variant: str | None = None, amx: bool = True) -> PackedInt:
+                *, variant: str | None = None, amx: bool = True, act_int8: bool = False,
+                input_scale: float | None = None) -> PackedInt:
     """Repack a canonical INT8 / INT4 weight for ``int_linear`` (once, at load).
 
     ``variant`` names a kernel build (``avx512_bf16``, ``avx2``, ...) instead of the selected one
     (tests and benchmarks compare them); the caller makes sure this CPU runs it. ``amx=False``
-    keeps bf16 batches off the AMX path even where the CPU has it (comparisons).
+    keeps bf16 batches off the AMX path even where the CPU has it (comparisons). ``act_int8``:
+    every call quantizes x to int8 (per token, or by the static ``input_scale``); LookupError
+    where that cannot run here (``a8_unsupported``).
     """
     group = _check(q, scales, zeros, bits)
     n, k = q.shape
+    if input_scale is not None and not (act_int8 and input_scale > 0):
+        raise ValueError(f"prepack_int: input_scale {input_scale} needs act_int8 and a positive scale")
     q = q.cpu()
     if bits == 4:
         if k % 2:
@@ -113,12 +139,15 @@ def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits
         q = q[:, 0::2] | (q[:, 1::2] << 4)
     n_pad = -(-n // TILE) * TILE
     ext = cpu_isa.load_extension() if variant is None else cpu_isa.load_variant(variant)
+    if act_int8 and (why := a8_unsupported(k, group, ext)):
+        raise LookupError(why)
     return PackedInt(
         weight=_tiles(q, n_pad),
         scales=_tiles(scales.cpu().to(torch.float32), n_pad),
         zeros=_tiles(zeros.cpu().to(torch.float32), n_pad),
         n=n, k=k, group=group, bits=bits, ext=ext,
         amx=amx and ext.int_amx() and (group == k or group % AMX_K == 0),
+        a8=act_int8, input_scale=float(input_scale or 0.0),
     )
 
 
@@ -149,6 +178,19 @@ def _blas_linear(x2: torch.Tensor, packed: PackedInt) -> torch.Tensor:
     return out_t.T
 
 
+def _f32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        return bias.to(torch.float32).contiguous()
+    return bias
+
+
+def _a8_linear(x: torch.Tensor, x2: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None) -> torch.Tensor:
+    out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
+    packed.ext.int_linear_a8(x=x2, out=out, bias=_f32_bias(bias), input_scale=packed.input_scale,
+                             allow_amx=packed.amx, **packed._kw())
+    return out.view(*x.shape[:-1], packed.n)
+
+
 def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for x [..., K] (float32 / bfloat16 / float16); the result has x's dtype."""
     if x.shape[-1] != packed.k:
@@ -156,13 +198,13 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     x2 = x.reshape(-1, packed.k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    if packed.a8:
+        return _a8_linear(x, x2, packed, bias)
     if x2.shape[0] > GEMM_MAX_ROWS and not (packed.amx and x2.dtype == torch.bfloat16):
         y = _blas_linear(x2, packed).contiguous()
         if bias is not None:
             y += bias.to(x.dtype)
         return y.view(*x.shape[:-1], packed.n)
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
     out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
-    packed.ext.int_linear(x=x2, out=out, bias=bias, allow_amx=packed.amx, **packed._kw())
+    packed.ext.int_linear(x=x2, out=out, bias=_f32_bias(bias), allow_amx=packed.amx, **packed._kw())
     return out.view(*x.shape[:-1], packed.n)

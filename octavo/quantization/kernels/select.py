@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from octavo import envs
 from octavo.quantization.canonical import CanonicalWeight, Fp8Weight, Int8Weight, IntWeight
 from octavo.quantization.kernels import torch_ref
 
@@ -49,6 +50,53 @@ def _cpu_int(w: CanonicalWeight) -> QuantKernel:
     )
 
 
+def _cpu_int_a8(w: CanonicalWeight) -> QuantKernel:
+    """Weight-only INT8 / INT4 weights with int8 activations: only by the explicit opt-in
+    ``OCTAVO_CPU_INT8_ACTIVATIONS`` (a weight-only checkpoint promises 16-bit activations)."""
+    if not isinstance(w, IntWeight):
+        raise LookupError(f"runs integer weight-only layers, not {w.describe()}")
+    if not envs.OCTAVO_CPU_INT8_ACTIVATIONS:
+        raise LookupError("weight-only checkpoint: activations stay 16-bit (OCTAVO_CPU_INT8_ACTIVATIONS=1 "
+                          "quantizes them to int8 per token, faster but not the checkpoint's numerics)")
+    mod = importlib.import_module("octavo.quantization.kernels.cpu_int")
+    if why := mod.a8_unsupported(w.q.shape[1], w.group, mod.cpu_isa.load_extension()):
+        raise LookupError(why)
+
+    def prepack(w: IntWeight):
+        if why := mod.a8_unsupported(w.q.shape[1], w.group, mod.cpu_isa.load_extension()):
+            logger.warning("a %s layer %s keeps 16-bit activations: %s", w.describe(), tuple(w.q.shape), why)
+        return mod.prepack_int(w.q, w.scales, w.zeros, w.bits, act_int8=why is None)
+
+    return QuantKernel("cpu_int_a8", prepack, lambda x, p, b: mod.int_linear(x, p, b))
+
+
+def _cpu_w8a8(w: CanonicalWeight) -> QuantKernel:
+    """INT8 W8A8 checkpoints (int8 activations are what the checkpoint means): the VNNI kernel
+    on codes ``q + 128`` with zero point 128 (exactly ``xq . q``); a layer of a shape it cannot
+    run keeps the reference."""
+    if not isinstance(w, Int8Weight):
+        raise LookupError(f"runs int8 W8A8 layers, not {w.describe()}")
+    mod = importlib.import_module("octavo.quantization.kernels.cpu_int")
+    n, k = w.q.shape
+    if why := mod.a8_unsupported(k, k, mod.cpu_isa.load_extension()):
+        raise LookupError(why)
+
+    def prepack(w: Int8Weight):
+        n, k = w.q.shape
+        if why := mod.a8_unsupported(k, k, mod.cpu_isa.load_extension()):
+            logger.warning("a %s layer %s runs the torch reference: %s", w.describe(), (n, k), why)
+            return w
+        codes = (w.q.to(torch.int16) + 128).to(torch.uint8)
+        ins = None if w.input_scale is None else float(w.input_scale)
+        return mod.prepack_int(codes, w.scale.reshape(n, 1).to(torch.float32),
+                               torch.full((n, 1), 128, dtype=torch.uint8), 8, act_int8=True, input_scale=ins)
+
+    def apply(x: torch.Tensor, p, b: torch.Tensor | None) -> torch.Tensor:
+        return torch_ref.int8_w8a8_linear(x, p, b) if isinstance(p, Int8Weight) else mod.int_linear(x, p, b)
+
+    return QuantKernel("cpu_w8a8", prepack, apply)
+
+
 def _triton_w4a16(w: CanonicalWeight) -> QuantKernel:
     if not isinstance(w, IntWeight) or w.bits != 4:
         raise LookupError(f"runs 4-bit weight-only layers, not {w.describe()}")
@@ -76,7 +124,7 @@ def _triton_fp8(w: CanonicalWeight) -> QuantKernel:
 
 
 KERNELS: dict[str, Callable[[CanonicalWeight], QuantKernel]] = {
-    "torch_ref": _ref, "cpu_int": _cpu_int, "triton_w4a16": _triton_w4a16, "triton_fp8": _triton_fp8,
+    "torch_ref": _ref, "cpu_int": _cpu_int, "cpu_int_a8": _cpu_int_a8, "cpu_w8a8": _cpu_w8a8, "triton_w4a16": _triton_w4a16, "triton_fp8": _triton_fp8,
 }
 
 

@@ -91,6 +91,25 @@ def quantize_int8_activation(x: torch.Tensor, input_scale: torch.Tensor | None) 
     return torch.round(xf / s).clamp(-128, 127).to(torch.float64), s
 
 
+def int_a8_linear(
+    x: torch.Tensor, w: IntWeight, bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A weight-only INT8 / INT4 weight with int8 activations (W8A8 / W4A8 numerics, what the
+    C++ ``int_linear_a8`` computes): x quantized per token as in ``quantize_int8_activation``;
+    per group g the exact integer ``d_g = xq . (q - zero_g)``; ``y = s_x * sum_g d_g * scale_g``
+    in float32 (only this epilogue rounds)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    xq, s = quantize_int8_activation(x2, input_scale)
+    m, k = xq.shape
+    n, groups = w.scales.shape
+    wq = w.q.to(torch.float64) - w.zeros.to(torch.float64).repeat_interleave(w.group, dim=1)
+    d = torch.einsum("mgk,ngk->mng", xq.view(m, groups, w.group), wq.view(n, groups, w.group))
+    y = (d.to(torch.float32) * w.scales.to(torch.float32)).sum(-1) * s.to(torch.float32)
+    if bias is not None:
+        y = y + bias.to(torch.float32)
+    return y.to(x.dtype).view(*x.shape[:-1], -1)
+
+
 def int8_w8a8_linear(x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """INT8 W8A8: per-token (or static) int8 activations, exact integer accumulation."""
     x2 = x.reshape(-1, x.shape[-1])
