@@ -158,6 +158,17 @@ class LlamaModel(nn.Module):
                 self.aux_out[:t, slot * h : (slot + 1) * h].copy_(stream)
 
 
+def stacked_param_name(name: str, stacked: dict[str, tuple[str, str]]) -> tuple[str, str | None]:
+    """Checkpoint tensor name -> (parameter name, shard id): a name whose part is a key of
+    ``stacked`` (``q_proj``, ``gate_proj``, ...) loads into that fused parameter's shard."""
+    parts = name.split(".")
+    for ckpt, (fused, shard) in stacked.items():
+        if ckpt in parts:
+            parts[parts.index(ckpt)] = fused
+            return ".".join(parts), shard
+    return name, None
+
+
 class LlamaForCausalLM(nn.Module):
     """Checkpoint tensor names map onto this module's parameters (see ``load_weights``)."""
 
@@ -223,9 +234,4 @@ class LlamaForCausalLM(nn.Module):
             return None
         if name == "lm_head.weight" and self.tie_word_embeddings:
             return None
-        parts = name.split(".")
-        for ckpt, (fused, shard) in self.stacked_params.items():
-            if ckpt in parts:
-                parts[parts.index(ckpt)] = fused
-                return ".".join(parts), shard
-        return name, None
+        return stacked_param_name(name, self.stacked_params)

@@ -26,7 +26,7 @@ from torch import nn
 
 from octavo.distributed.layers import QKVParallelLinear
 from octavo.models.layers import RMSNorm
-from octavo.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from octavo.models.llama import LlamaDecoderLayer, LlamaForCausalLM, stacked_param_name
 
 NOT_READ = ("t2d", "embed_tokens.weight")
 
@@ -107,9 +107,4 @@ class Eagle3Head(nn.Module):
             return "vocab_map.d2t", None
         if name.startswith("midlayer."):
             name = "layers.0." + name[len("midlayer."):]
-        parts = name.split(".")
-        for ckpt, (fused, shard) in self.stacked_params.items():
-            if ckpt in parts:
-                parts[parts.index(ckpt)] = fused
-                return ".".join(parts), shard
-        return name, None
+        return stacked_param_name(name, self.stacked_params)

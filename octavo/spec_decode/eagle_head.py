@@ -24,7 +24,7 @@ import logging
 import torch
 from torch import nn
 
-from octavo.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from octavo.models.llama import LlamaDecoderLayer, LlamaForCausalLM, stacked_param_name
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +101,7 @@ class EagleHead(nn.Module):
         if name.startswith("layers.0.input_layernorm."):
             raise ValueError(f"tensor {name!r}: an EAGLE head's first layer has no input_layernorm "
                              "(is this a whole model rather than an EAGLE head?)")
-        parts = name.split(".")
-        for ckpt, (fused, shard) in self.stacked_params.items():
-            if ckpt in parts:
-                parts[parts.index(ckpt)] = fused
-                return ".".join(parts), shard
-        return name, None
+        return stacked_param_name(name, self.stacked_params)
 
 
 def build_eagle_head(mc, target: nn.Module, attn_backend, device: torch.device, platform,

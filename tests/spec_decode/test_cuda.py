@@ -14,13 +14,19 @@ from tests.spec_decode.test_greedy_equivalence import SPEC, _prompts
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
-def _run(path: str, spec: dict | None, params):
+def _run(path: str, spec: dict | None, params, before=None, after=None, **kw):
+    """Greedy/seeded outputs and stats of one engine; ``before(llm)`` / ``after(llm)`` check
+    it before and after generating."""
     from octavo import LLM
 
-    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256)
+    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, **kw)
+    if before is not None:
+        before(llm)
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
     stats = llm.llm_engine.get_stats()
     assert not llm.llm_engine.core.async_scheduling or spec is None
+    if after is not None:
+        after(llm)
     llm.shutdown()
     return [o.outputs[0].token_ids for o in outs], stats
 
@@ -49,19 +55,19 @@ def test_seeded_sampling_identical_on_cuda(llama_dir):
     assert spec == base and stats.spec_num_drafts > 0
 
 
-def _run_draft(path: str, draft: str, params, k: int = 3):
-    from octavo import LLM
-
-    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
-    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16)
+def _draft_graphs_captured(llm) -> None:
     drafter = llm.llm_engine.core.runner.drafter
     assert drafter.graph_runner is not None and drafter.graph_runner.graphs  # single-token passes captured
-    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
-    stats = llm.llm_engine.get_stats()
+
+
+def _verify_steps_replayed(llm) -> None:
     # k drafts for every request: the verify steps are uniform and replay captured graphs.
     assert llm.llm_engine.core.runner.graph_runner.verify_replays > 0
-    llm.shutdown()
-    return [o.outputs[0].token_ids for o in outs], stats
+
+
+def _run_draft(path: str, draft: str, params, k: int = 3):
+    spec = {"method": "draft_model", "model": draft, "num_speculative_tokens": k}
+    return _run(path, spec, params, _draft_graphs_captured, _verify_steps_replayed, max_num_seqs=16)
 
 
 @pytest.mark.cuda
@@ -93,18 +99,15 @@ def test_draft_model_seeded_sampling_identical_on_cuda(llama_dir, small_draft_di
     assert spec == base and stats.spec_num_drafts > 0
 
 
-def _run_eagle(path: str, head: str, params, k: int = 3):
-    from octavo import LLM
-
-    spec = {"method": "eagle", "model": head, "num_speculative_tokens": k}
-    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16)
+def _eagle_staged(llm) -> None:
     runner = llm.llm_engine.core.runner
     assert runner.graph_runner is not None and runner.graph_runner.graphs  # the target's decode graphs
     assert runner.drafter.step_buffers is not None  # the head's passes staged in persistent buffers
-    outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
-    stats = llm.llm_engine.get_stats()
-    llm.shutdown()
-    return [o.outputs[0].token_ids for o in outs], stats
+
+
+def _run_eagle(path: str, head: str, params, k: int = 3):
+    spec = {"method": "eagle", "model": head, "num_speculative_tokens": k}
+    return _run(path, spec, params, _eagle_staged, max_num_seqs=16)
 
 
 @pytest.mark.cuda

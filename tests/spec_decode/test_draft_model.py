@@ -118,23 +118,32 @@ def _random_workload(llm, steps: int, seed: int) -> tuple[dict[str, list[int]], 
     return prompts, done, spec_steps
 
 
+# Random arrivals and aborts on a pool small enough to preempt, priorities, chunked prompts.
+LEAK_HUNT_KW = dict(dtype="float32", block_size=16, max_num_batched_tokens=24, num_gpu_blocks_override=10,
+                    max_num_seqs=6, scheduling_policy="priority")
+
+
 # 10k steps take most of an hour on a loaded 2-core CPU (marked slow); 250 check the same quickly.
 @pytest.mark.parametrize("steps", [pytest.param(10_000, marks=pytest.mark.slow), 250])
 def test_no_block_leaks_with_aborts_and_preemptions(llama_dir, small_draft_dir, steps):
     """Random arrivals and aborts on a pool small enough to preempt (priority policy, prefix
     caching, a token budget that chunks prompts): every block comes back, and every request
     that finished on its own produced what it produces without speculation."""
-    kw = dict(dtype="float32", block_size=16, max_num_batched_tokens=24, num_gpu_blocks_override=10,
-              max_num_seqs=6, scheduling_policy="priority")
-    llm = LLM(llama_dir, speculative_config=draft_spec(small_draft_dir, k=4), **kw)
+    llm = LLM(llama_dir, speculative_config=draft_spec(small_draft_dir, k=4), **LEAK_HUNT_KW)
     prompts, done, spec_steps = _random_workload(llm, steps, seed=steps)
     kv = llm.llm_engine.core.scheduler.kv_cache_manager
     stats = llm.get_stats()
     assert kv.block_pool.get_num_free_blocks() == kv.num_usable_blocks
     assert stats.num_preemptions > 0 and spec_steps > steps // 4
     assert 0 < stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
-    ref = LLM(llama_dir, dtype="float32", block_size=16)
-    rids = sorted(done)[:40]
+    assert_finished_as_without_speculation(llama_dir, prompts, done, 40)
+
+
+def assert_finished_as_without_speculation(target: str, prompts: dict, done: dict, limit: int) -> None:
+    """The first ``limit`` requests that finished on their own produced what ``target``
+    produces for them without speculation (greedy, the same lengths)."""
+    ref = LLM(target, dtype="float32", block_size=16)
+    rids = sorted(done)[:limit]
     outs = ref.generate([{"prompt_token_ids": prompts[r]} for r in rids],
                         [SamplingParams(temperature=0, max_tokens=len(done[r]), ignore_eos=True) for r in rids],
                         use_tqdm=False)

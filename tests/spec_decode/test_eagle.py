@@ -124,21 +124,18 @@ def test_blocks_hold_the_heads_kv(llama_dir, eagle_heads):
 
 
 def test_no_block_leaks_with_aborts_and_preemptions(llama_dir, eagle_heads):
-    from tests.spec_decode.test_draft_model import _random_workload
+    from tests.spec_decode.test_draft_model import (
+        LEAK_HUNT_KW,
+        _random_workload,
+        assert_finished_as_without_speculation,
+    )
 
-    kw = dict(dtype="float32", block_size=16, max_num_batched_tokens=24, num_gpu_blocks_override=10,
-              max_num_seqs=6, scheduling_policy="priority")
-    llm = LLM(llama_dir, speculative_config=eagle_spec(eagle_heads["llama", "identity"], k=4), **kw)
+    llm = LLM(llama_dir, speculative_config=eagle_spec(eagle_heads["llama", "identity"], k=4), **LEAK_HUNT_KW)
     prompts, done, spec_steps = _random_workload(llm, 80, seed=11)
     kv = llm.llm_engine.core.scheduler.kv_cache_manager
     assert kv.block_pool.get_num_free_blocks() == kv.num_usable_blocks
     assert llm.get_stats().num_preemptions > 0 and spec_steps > 0
-    ref = LLM(llama_dir, dtype="float32", block_size=16)
-    rids = sorted(done)[:10]
-    outs = ref.generate([{"prompt_token_ids": prompts[r]} for r in rids],
-                        [SamplingParams(temperature=0, max_tokens=len(done[r]), ignore_eos=True) for r in rids],
-                        use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outs] == [done[r] for r in rids]
+    assert_finished_as_without_speculation(llama_dir, prompts, done, 10)
 
 
 def _edited_head(src: str, dst, config: dict | None = None, add: dict | None = None, drop: str | None = None) -> str:
