@@ -15,8 +15,9 @@ position ``i`` the head computes
 mapped to target ids by ``d2t`` (``target_id = draft_id + d2t[draft_id]``).
 
 Checkpoint tensors: ``fc.weight``, ``midlayer.*`` (or ``layers.0.*``), ``norm.weight``,
-``lm_head.weight``, ``d2t``; ``t2d`` (derivable from ``d2t``) and ``embed_tokens.weight`` (the
-target's embedding is used) are not read. One decoder layer only.
+``lm_head.weight``, ``d2t``; ``t2d`` (derivable from ``d2t``) is not read; an
+``embed_tokens.weight`` must equal the target's (the head embeds with the target's; a different
+one is refused). One decoder layer only.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from torch import nn
 from octavo.distributed.layers import QKVParallelLinear
 from octavo.models.layers import RMSNorm
 from octavo.models.llama import LlamaDecoderLayer, LlamaForCausalLM, stacked_param_name
+from octavo.spec_decode.eagle_head import split_shared_copy
 
-NOT_READ = ("t2d", "embed_tokens.weight")
+NOT_READ = ("t2d",)  # the reverse of d2t, derivable
 
 
 class _VocabMap(nn.Module):
@@ -65,6 +67,9 @@ class Eagle3Head(nn.Module):
     @property
     def target(self) -> nn.Module:
         return self._target[0]
+
+    def split_checkpoint_tensor(self, name: str, tensor: torch.Tensor):
+        return split_shared_copy(self.target, ("embed_tokens.weight",), name, tensor)
 
     def attention_layers(self) -> list:
         return [self.layers[0].self_attn.attn]

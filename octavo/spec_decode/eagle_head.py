@@ -14,7 +14,8 @@ and the ``lm_head`` are the target's (shared; a copy in the head's checkpoint is
 
 Checkpoint tensors: ``fc.weight`` (``fc.bias``), ``layers.N.*`` in the target family's names
 (optionally under ``model.``); the first layer has no ``input_layernorm``. Anything else is an
-error naming it, except the shared ``embed_tokens.weight`` / ``lm_head.weight``.
+error naming it. Copies of the shared ``embed_tokens.weight`` / ``lm_head.weight`` (EAGLE's
+checkpoints carry the embedding) must equal the target's: the head drafts with the target's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,26 @@ logger = logging.getLogger(__name__)
 
 # Tensors of an EAGLE checkpoint that the head takes from the target instead.
 SHARED_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+
+
+def split_shared_copy(target: nn.Module, shared: tuple[str, ...], name: str, tensor: torch.Tensor):
+    """The loader's ``split_checkpoint_tensor`` for a head that drafts with the target's
+    embedding / lm_head: a copy of one of ``shared`` in the head's checkpoint is checked against
+    the target's tensor and dropped; a copy that differs is an error naming it (it would be
+    ignored otherwise). Every other tensor passes through."""
+    bare = name[len("model."):] if name.startswith("model.") else name
+    if bare not in shared:
+        return ((name, tensor),)
+    own = getattr(target.model.embed_tokens if bare.startswith("embed") else target.lm_head, "weight", None)
+    same = (own is not None and own.shape == tensor.shape
+            and torch.allclose(own.detach().float().cpu(), tensor.float(), rtol=1e-2, atol=1e-3))
+    if not same:
+        raise ValueError(
+            f"tensor {name!r}: the head's copy differs from the target's (or the target's cannot be "
+            f"read to compare); octavo's head drafts with the target's {bare}, so a different one "
+            "would be silently ignored"
+        )
+    return ()
 
 
 class EagleHead(nn.Module):
@@ -57,6 +78,9 @@ class EagleHead(nn.Module):
     @property
     def target(self) -> nn.Module:
         return self._target[0]
+
+    def split_checkpoint_tensor(self, name: str, tensor: torch.Tensor):
+        return split_shared_copy(self.target, SHARED_TENSORS, name, tensor)
 
     def attention_layers(self) -> list:
         return [layer.self_attn.attn for layer in self.layers]
@@ -96,7 +120,7 @@ class EagleHead(nn.Module):
     def map_checkpoint_name(self, name: str) -> tuple[str, str | None] | None:
         if name.startswith("model."):
             name = name[len("model."):]
-        if name in SHARED_TENSORS or "rotary_emb.inv_freq" in name:
+        if "rotary_emb.inv_freq" in name:
             return None
         if name.startswith("layers.0.input_layernorm."):
             raise ValueError(f"tensor {name!r}: an EAGLE head's first layer has no input_layernorm "

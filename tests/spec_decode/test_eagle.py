@@ -183,15 +183,21 @@ def test_targets_without_llama_style_heads_are_refused(checkpoints, eagle_heads)
 
 
 def test_shared_tensors_in_the_head_are_taken_from_the_target(tmp_path, llama_dir, eagle_heads):
-    """A head checkpoint that carries a copy of the embedding (as EAGLE's do) loads; the
-    head uses the target's (a zero copy changes no draft)."""
+    """A head checkpoint that carries a copy of the target's embedding (as EAGLE's do) loads
+    and drafts exactly as without it; a copy that differs is refused, named (the head drafts
+    with the target's, so it would be ignored)."""
     import torch
+    from safetensors.torch import load_file
 
-    vocab = json.loads(open(f"{llama_dir}/config.json").read())["vocab_size"]
+    target = load_file(f"{llama_dir}/model.safetensors")
     head = _edited_head(eagle_heads["llama", "random"], tmp_path / "emb",
-                        add={"embed_tokens.weight": torch.zeros(vocab, 64)})
+                        add={"embed_tokens.weight": target["model.embed_tokens.weight"]})
     a, with_copy = _generate(llama_dir, eagle_spec(head), GREEDY)
     b, without = _generate(llama_dir, eagle_spec(eagle_heads["llama", "random"]), GREEDY)
     assert _token_ids(a) == _token_ids(b) == _base(llama_dir)
     assert with_copy.spec_num_accepted_tokens_per_pos == without.spec_num_accepted_tokens_per_pos
     assert with_copy.spec_num_draft_tokens == without.spec_num_draft_tokens > 0
+    other = _edited_head(eagle_heads["llama", "random"], tmp_path / "zeros",
+                         add={"embed_tokens.weight": torch.zeros_like(target["model.embed_tokens.weight"])})
+    with pytest.raises(ValueError, match=r"'embed_tokens.weight': the head's copy differs from the target's"):
+        LLM(llama_dir, dtype="float32", speculative_config=eagle_spec(other))
