@@ -88,7 +88,8 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _bool("OCTAVO_CPU_INT8_ACTIVATIONS", False),
         "Weight-only INT8 / INT4 layers (int8, W8A16, W4A16, AWQ, GPTQ) on a CPU with AVX512-VNNI "
         "quantize activations per token to int8 and use integer dot products (like llama.cpp's "
-        "q8_0 / q4_0): faster, but changes outputs. W8A8 checkpoints do this regardless.",
+        "q8_0 / q4_0): faster, but changes outputs. W8A8 checkpoints do this regardless. Set on a CPU "
+        "without AVX512-VNNI and AVX512-VBMI it is an error.",
     ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),

@@ -59,7 +59,16 @@ def _cpu_int_a8(w: CanonicalWeight) -> QuantKernel:
         raise LookupError("weight-only checkpoint: activations stay 16-bit (OCTAVO_CPU_INT8_ACTIVATIONS=1 "
                           "quantizes them to int8 per token, faster but not the checkpoint's numerics)")
     mod = importlib.import_module("octavo.quantization.kernels.cpu_int")
-    if why := mod.a8_unsupported(w.q.shape[1], w.group, mod.cpu_isa.load_extension()):
+    try:
+        ext = mod.cpu_isa.load_extension()
+    except ImportError as e:
+        raise ValueError(f"OCTAVO_CPU_INT8_ACTIVATIONS=1 needs octavo's C++ CPU kernels: {e}") from None
+    if not ext.int_a8():  # the opt-in cannot be honoured on this machine: say so, don't run 16-bit
+        raise ValueError(f"OCTAVO_CPU_INT8_ACTIVATIONS=1: int8 activations need AVX512-VNNI and AVX512-VBMI, "
+                         f"which this CPU (kernel build {ext.ISA}) has not; unset it to run the checkpoint's "
+                         "16-bit activations")
+    if why := mod.a8_unsupported(w.q.shape[1], w.group, ext):
+        logger.warning("%s layers keep 16-bit activations despite OCTAVO_CPU_INT8_ACTIVATIONS=1: %s", w.describe(), why)
         raise LookupError(why)
 
     def prepack(w: IntWeight):
