@@ -28,7 +28,7 @@ from torch import nn
 from octavo.distributed.layers import QKVParallelLinear
 from octavo.models.layers import RMSNorm
 from octavo.models.llama import LlamaDecoderLayer, LlamaForCausalLM, stacked_param_name
-from octavo.spec_decode.eagle_head import split_shared_copy
+from octavo.spec_decode.shared_tensors import split_shared_copy
 
 NOT_READ = ("t2d",)  # the reverse of d2t, derivable
 
