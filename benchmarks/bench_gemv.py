@@ -4,6 +4,7 @@
     python benchmarks/bench_gemv.py all --out-dir $OUT          # both below, with timeouts
     python benchmarks/bench_gemv.py linears [--only o,down]      # per-linear times in CUDA graphs
     python benchmarks/bench_gemv.py decode                       # octavo decode, GEMV on vs off
+    python benchmarks/bench_gemv.py profile                      # the decode step's kernels
 
 ``linears``: for every Llama-3.1-8B linear (qkv 4096->6144, o 4096->4096, gate_up
 4096->28672, down 14336->4096, lm_head 4096->128256) and batch M = 1, 2, 4, 8, one CUDA graph
@@ -268,6 +269,50 @@ def cmd_decode(args) -> dict:
     return r
 
 
+def cmd_profile(args) -> dict:
+    """Kernels of one batch-1 decode step (graph replay + logits + argmax) under torch.profiler:
+    per kernel name the count and device time per step, their sum against the step's wall time
+    (the rest is launch gaps and idle), and the same for an eager step."""
+    import bench_cuda as bc
+    import torch
+
+    from octavo import LLM
+
+    model_dir = bc.write_model_dir(args.shape, Path(args.model_root))
+    vocab = bc.SHAPES[args.shape]["vocab_size"]
+    llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=8,
+              max_num_batched_tokens=2048, enable_prefix_caching=False, gpu_memory_utilization=0.85,
+              async_scheduling=True)
+    bc._timed_generate(llm, bc.random_prompts(1, bc.PROMPT_LEN, vocab, 98), 8)
+    runner = llm.llm_engine.core.runner
+    r: dict = {"bench": "profile", "shape": args.shape, "bandwidth_Bps": copy_bandwidth()}
+    r["weight_bytes"] = runner.model_bytes()
+    emb = runner.model.model.embed_tokens.weight
+    r["embedding_bytes"] = emb.numel() * emb.element_size()
+    r["device_step_b1_gemv_on_s"] = bc._device_step_time(llm, iters=50)
+    _rooflines(r, runner)
+    steps = 20
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        bc._device_step_time(llm, iters=steps)
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name[:90], [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    steps_seen = steps + 5
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    r["kernels_per_step"] = sum(v[0] for v in kernels.values()) / steps_seen
+    r["kernel_us_per_step"] = sum(v[1] for v in kernels.values()) / steps_seen
+    r["kernels"] = [{"name": n, "per_step": c / steps_seen, "us_per_step": t / steps_seen} for n, (c, t) in rows[:40]]
+    log(f"step {r['device_step_b1_gemv_on_s'] * 1e6:.0f} us; kernels {r['kernels_per_step']:.0f}/step "
+        f"summing {r['kernel_us_per_step']:.0f} us")
+    for k in r["kernels"]:
+        log(f"{k['us_per_step']:9.1f} us  x{k['per_step']:5.1f}  {k['name']}")
+    result(r)
+    return r
+
+
 def _use(runner, graphs, on: bool) -> None:
     from octavo.models import fused_ops
 
@@ -414,7 +459,7 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     lin = sub.add_parser("linears")
     lin.add_argument("--only", default="", help="comma-separated linears to run (default: all), e.g. o,down")
-    for name in ("decode", "all"):
+    for name in ("decode", "all", "profile"):
         p = sub.add_parser(name)
         p.add_argument("--shape", default="llama8b")
         p.add_argument("--model-root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "octavo_bench_models"))
@@ -425,7 +470,7 @@ def main() -> None:
             p.add_argument("--linears-timeout", type=float, default=170)
             p.add_argument("--decode-timeout", type=float, default=170)
     args = ap.parse_args()
-    {"linears": cmd_linears, "decode": cmd_decode, "all": cmd_all}[args.cmd](args)
+    {"linears": cmd_linears, "decode": cmd_decode, "all": cmd_all, "profile": cmd_profile}[args.cmd](args)
 
 
 if __name__ == "__main__":
