@@ -66,7 +66,9 @@ def _pytest(session: nox.Session, marks: str, workers: str | None = None) -> Non
     reads the exit code). Device-marked tests that cannot run skip with a reason instead.
     """
     try:
-        parallel = ["-n", workers] if workers else []
+        # worksteal: an idle worker takes queued tests from a busy one, so a few long tests
+        # landing late on one worker do not set the wall time alone.
+        parallel = ["-n", workers, "--dist", "worksteal"] if workers else []
         session.run("pytest", "-m", marks, "-q", "-p", "no:cacheprovider", *parallel, *session.posargs)
     except nox.command.CommandFailed as e:
         if e.return_code == PYTEST_NO_TESTS:

@@ -344,6 +344,9 @@ def cmd_octavo(args) -> dict:
         t, n = _timed_generate(llm, prompts, OUTPUT_LEN)
         r.update(throughput_s=t, throughput_tokens=n, throughput_tok_per_s=n / t)
         log(f"throughput {n} tokens in {t:.2f}s = {n / t:.0f} tok/s")
+        if args.bound:
+            r["throughput_bound"] = throughput_bound(runner, r["weight_bytes"])
+            log("bound", json.dumps(r["throughput_bound"]))
 
     def graphs_on_off():
         step32, _ = _decode_step_time(llm, 32, vocab, 2000, 64)
@@ -366,14 +369,58 @@ def cmd_octavo(args) -> dict:
         if runner.graph_runner is not None:
             r["device_step_variants_b1_s"] = _variants(llm)
 
-    phase("batch1", batch1)
-    phase("device_step", device_step)
-    phase("throughput", throughput)
-    phase("graphs_on_off", graphs_on_off)
-    phase("variants", variants)
+    phases = {"batch1": batch1, "device_step": device_step, "throughput": throughput,
+              "graphs_on_off": graphs_on_off, "variants": variants}
+    for name in args.phases.split(","):
+        phase(name, phases[name])
     r["max_memory_allocated"] = torch.cuda.max_memory_allocated()
     result(r)
     return r
+
+
+def matmul_peak_flops() -> float:
+    """bf16 dense matmul FLOP/s: 8192^3, median of 10 after warm-up."""
+    import torch
+
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(10):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        a @ b
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / 1e3)
+    return 2 * 8192**3 / statistics.median(times)
+
+
+def throughput_bound(runner, weight_bytes: int) -> dict:
+    """The NUM_REQS x (PROMPT_LEN in / OUTPUT_LEN out) workload's lower bound on time from this
+    run's measured matmul peak and copy bandwidth: prefill = its matmul FLOPs (2 x non-embedding
+    parameters per token, plus QK^T and PV over the causal prompt) / peak; each decode step =
+    max(its FLOPs / peak, (streamed weights + the batch's KV cache read) / bandwidth)."""
+    mc = runner.config.model_config
+    hf = mc.hf_config
+    emb = hf.vocab_size * hf.hidden_size * 2
+    params = (weight_bytes - emb) / 2  # bf16; the LM head stays (it runs for every token)
+    layers, heads, d = hf.num_hidden_layers, hf.num_attention_heads, mc.head_size
+    kv_tok = 2 * layers * hf.num_key_value_heads * d * 2
+    peak, (moved, copy_s) = matmul_peak_flops(), copy_bandwidth_s()
+    bw = moved / copy_s
+    attn_prefill = 2 * 2 * layers * heads * d * PROMPT_LEN * (PROMPT_LEN + 1) / 2  # QK^T + PV, causal
+    prefill_s = NUM_REQS * (2 * params * PROMPT_LEN + attn_prefill) / peak
+    decode_s = 0.0
+    for i in range(OUTPUT_LEN):
+        ctx = PROMPT_LEN + i
+        flops = NUM_REQS * (2 * params + 2 * 2 * layers * heads * d * ctx)
+        decode_s += max(flops / peak, (weight_bytes - emb + NUM_REQS * ctx * kv_tok) / bw)
+    tokens = NUM_REQS * OUTPUT_LEN
+    return {"matmul_peak_tflops": peak / 1e12, "copy_bandwidth_tbps": bw / 1e12, "prefill_s": prefill_s,
+            "decode_s": decode_s, "bound_tok_per_s": tokens / (prefill_s + decode_s),
+            "target_90pct_tok_per_s": 0.9 * tokens / (prefill_s + decode_s)}
 
 
 def cmd_async(args) -> dict:
@@ -602,6 +649,11 @@ def main() -> None:
             p.add_argument("--timeout", type=float, default=300)
             p.add_argument("--hf-batch-timeout", type=float, default=150)
             p.add_argument("--skip-hf", action="store_true")
+        if name == "octavo":
+            p.add_argument("--phases", default="batch1,device_step,throughput,graphs_on_off,variants",
+                           help="comma-separated subset, in order")
+            p.add_argument("--bound", action="store_true",
+                           help="with the throughput phase: its bound from measured matmul peak and bandwidth")
         if name == "async":
             p.add_argument("--reps", type=int, default=3)
             p.add_argument("--output-len", type=int, default=OUTPUT_LEN)

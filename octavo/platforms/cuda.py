@@ -154,7 +154,11 @@ class CudaLikePlatform(TorchDevicePlatform):
 
     @classmethod
     def graph_capture_context(cls, graph: Any, pool: Any = None) -> contextlib.AbstractContextManager:
-        return torch.cuda.graph(graph, pool=pool)
+        # thread_local: only this thread's calls can invalidate the capture. Under the default
+        # ("global") a synchronizing call from any other thread of the process (an engine
+        # shutting down, a heartbeat, a host-memory free) breaks it, and the error surfaces
+        # later as a cuBLAS failure inside the captured forward.
+        return torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local")
 
 
 class CudaPlatform(CudaLikePlatform):

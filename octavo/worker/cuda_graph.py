@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from octavo.attention.backend import CommonAttentionMetadata
+from octavo.utils.gc import no_garbage_collection
 
 logger = logging.getLogger(__name__)
 
@@ -261,6 +262,10 @@ class GraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
+        with no_garbage_collection():
+            self._capture()
+
+    def _capture(self) -> None:
         runner = self.runner
         model = runner.model
         buf = self.buffers

@@ -42,6 +42,8 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.utils.gc import no_garbage_collection
+
 logger = logging.getLogger(__name__)
 
 WFMT_PLAIN, WFMT_FP8, WFMT_INT4 = 0, 1, 2
@@ -407,7 +409,7 @@ def graph_time_ms(calls: list, reps: int = 7, min_ms: float = 0.5) -> float:
         c()
     current_platform.synchronize()
     graph = current_platform.new_graph()
-    with current_platform.graph_capture_context(graph):
+    with no_garbage_collection(), current_platform.graph_capture_context(graph):
         for c in calls:
             c()
     events = [current_platform.new_event(timing=True) for _ in range(2)]
