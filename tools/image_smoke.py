@@ -9,7 +9,7 @@ Checks, each against the real image with a real Docker engine:
   4. unless ``--no-suite``: ``nox --no-venv -s test-cpu`` inside the image against the
      installed package (tools/image_suite.sh), with the test tools installed from the package
      index into the container's user site; arguments after ``--`` go to pytest.
-Every container it starts is removed on the way out, also on failure.
+Every container it starts is removed on the way out with its anonymous volumes, also on failure.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ def docker(cli: str, *args: str, check: bool = True, timeout: float | None = Non
     if check and proc.returncode != 0:
         raise SmokeError(f"`{cli} {' '.join(args)}` exited {proc.returncode}:\n{proc.stdout}{proc.stderr}")
     return proc.stdout
+
+
+def remove_container(cli: str, name: str) -> None:
+    """Remove the container ``name`` if it exists, with its anonymous volumes (the image's
+    VOLUME /cache gets one per container; a plain `docker rm` would leave it behind)."""
+    docker(cli, "rm", "--force", "--volumes", name, check=False)
 
 
 def check_image(cli: str, image: str) -> None:
@@ -130,7 +136,7 @@ def check_serve(cli: str, image: str, startup_s: float) -> None:
         logs = subprocess.run([cli, "logs", "--tail", "5", name], capture_output=True, text=True,
                               check=False)
         logs = logs.stdout + logs.stderr
-        docker(cli, "rm", "-f", name, check=False)
+        remove_container(cli, name)
         print(f"(server container removed; last log lines:)\n{logs.strip()}")
 
 
@@ -155,7 +161,7 @@ def check_healthcheck(cli: str, image: str, deadline_s: float) -> None:
         print(f"default entrypoint (0.0.0.0:8000): Docker HEALTHCHECK healthy after "
               f"{time.monotonic() - started:.0f} s")
     finally:
-        docker(cli, "rm", "-f", name, check=False)
+        remove_container(cli, name)
 
 
 def export_tree(dest: Path) -> None:
@@ -186,7 +192,7 @@ def run_suite(cli: str, image: str, pytest_args: list[str]) -> None:
         try:
             rc = subprocess.run(cmd, check=False).returncode
         finally:
-            docker(cli, "rm", "-f", name, check=False)
+            remove_container(cli, name)
         print(f"test-cpu inside the image: exit {rc} after {time.monotonic() - started:.0f} s")
         if rc != 0:
             raise SmokeError(f"nox --no-venv -s test-cpu inside {image} exited {rc}")
