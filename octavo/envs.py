@@ -79,6 +79,11 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _str("OCTAVO_CPU_THREADS_BIND", "auto"),
         "CPU compute-thread placement: auto (one per physical core), a core list like 0-3, or none.",
     ),
+    "OCTAVO_CPU_GRAPH_MODE": (
+        _str("OCTAVO_CPU_GRAPH_MODE", None),
+        "CPU graph mode: torch_compile (decode steps run the model compiled by torch.compile / "
+        "inductor) or none (eager); unset: the platform's default. --enforce-eager always wins.",
+    ),
     "OCTAVO_DECODE_GEMV": (
         _str("OCTAVO_DECODE_GEMV", None),
         "Small-batch linears: GPU (<= 8 rows) auto (time the Triton GEMV against cuBLAS at load), "

@@ -73,7 +73,7 @@ class EngineCore:
             "blocks x %d = %d tokens | weights %.1f MiB | ready in %.2fs",
             platform.name,
             self.executor.attn_backend_name,
-            "none" if config.enforce_eager else platform.graph_capture,
+            self.executor.worker_infos[0].get("graphs", "none") if self.executor.worker_infos else "none",
             "on" if self.async_scheduling else "off",
             str(mc.dtype).removeprefix("torch."),
             num_blocks,

@@ -32,6 +32,7 @@ def usable(x: torch.Tensor) -> bool:
         ENABLED
         and x.dtype in _HALF
         and not (x.requires_grad and torch.is_grad_enabled())
+        and not torch.compiler.is_compiling()  # graph mode: inductor fuses the torch ops itself
     )
 
 
@@ -190,6 +191,8 @@ def linear(layer, x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
         b = params["bias"] if "bias" in params else getattr(layer, "bias", None)
     else:
         w, b = weight, bias
+    if torch.compiler.is_compiling():
+        return _compiled_linear(d, x, w, b)
     if GEMV and x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and d.get("_octavo_use_gemv") and not d.get("_octavo_no_gemv"):
         packed = _gemv_weight(layer, w) if w.dtype == x.dtype else None
         if packed is not None and (b is None or b.dtype == x.dtype):
@@ -198,3 +201,59 @@ def linear(layer, x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
     if packed is None:
         return torch.nn.functional.linear(x, w, b)
     return _linear_pointwise(x, packed, b, "none", [], "")
+
+
+def prepack(model) -> None:
+    """Pack every linear weight the decode kernels read (GEMV and oneDNN copies) now, so a
+    compiled graph finds them cached on the modules (``_compiled_linear`` never packs)."""
+    for m in model.modules():
+        d = m.__dict__
+        w = d.get("_parameters", {}).get("weight")
+        if w is None or w.dim() != 2 or w.dtype != torch.bfloat16 or not PREPACK:
+            continue
+        if GEMV and d.get("_octavo_use_gemv"):
+            _gemv_weight(m, w)
+        _packed(m, w)
+
+
+def _compiled_linear(d: dict, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``linear`` while dynamo traces: the weights packed by ``prepack`` (read from the module's
+    cache, no version checks in the graph), GEMV as the ``octavo::cpu_gemv`` custom op."""
+    gemv_cache = d.get("_octavo_gemv")
+    if GEMV and gemv_cache is not None and x.shape[0] <= GEMV_MAX_ROWS and x.dim() == 2:
+        if b is None or b.dtype == x.dtype:
+            return torch.ops.octavo.cpu_gemv(x, gemv_cache[1], b)
+    packed = d.get("_octavo_packed")
+    if packed is None:
+        return torch.nn.functional.linear(x, w, b)
+    return torch.ops.octavo.cpu_packed_linear(x, packed[1], b)
+
+
+if PREPACK:
+
+    @torch.library.custom_op("octavo::cpu_packed_linear", mutates_args=())
+    def cpu_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """oneDNN's linear over a weight prepacked by ``_packed`` (inductor lowers
+        ``mkldnn._linear_pointwise`` only for weights it froze itself, so the graph mode calls it
+        through this op)."""
+        return _linear_pointwise(x, packed, bias, "none", [], "")
+
+    @cpu_packed_linear.register_fake
+    def _(x, packed, bias):
+        return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+if GEMV:
+
+    @torch.library.custom_op("octavo::cpu_gemv", mutates_args=())
+    def cpu_gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x [M, K] @ W.T (+ bias)`` for bf16 ``x`` and ``W`` packed by ``pack_gemv_weight``
+        (the CPU graph mode's GEMV: a custom op keeps it inside the compiled graph)."""
+        x = x if x.is_contiguous() else x.contiguous()
+        out = torch.empty((x.shape[0], packed.shape[0] * 16), dtype=x.dtype)
+        _gemv(x=x, weight=packed, out=out, bias=None if bias is None else bias.contiguous())
+        return out
+
+    @cpu_gemv.register_fake
+    def _(x, packed, bias):
+        return x.new_empty((x.shape[0], packed.shape[0] * 16))

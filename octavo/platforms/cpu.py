@@ -1,4 +1,4 @@
-"""The CPU platform: host memory for the KV cache, octavo's C++ paged kernels, gloo, no graphs."""
+"""The CPU platform: host memory for the KV cache, octavo's C++ paged kernels, gloo, torch.compile graphs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import ClassVar
 import torch
 
 from octavo import envs
-from octavo.platforms.interface import Platform
+from octavo.platforms.interface import Choice, Platform
 
 GiB = 1 << 30
 
@@ -20,8 +20,10 @@ class CpuPlatform(Platform):
     _supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float32, torch.float16)
     attn_backend_priority = ("cpu_paged", "torch_ref")
     moe_backend_priority = ("cpu_grouped", "torch_ref")
+    # The CPU graph mode (octavo/worker/cpu_graph.py): OCTAVO_CPU_GRAPH_MODE picks it per run.
     graph_capture = "none"
-    graph_capture_reason = "CPU runs eagerly"
+    graph_capture_reason = "CPU runs eagerly by default (OCTAVO_CPU_GRAPH_MODE=torch_compile compiles decode steps)"
+    cpu_graph_modes = ("none", "torch_compile")
     communicator = "gloo"
     communicator_reason = "CPU: gloo over shared memory and TCP"
     dist_backend = "gloo"
@@ -70,6 +72,18 @@ class CpuPlatform(Platform):
         except (ImportError, ValueError) as e:
             isa, why = cpu_isa.best_isa()
             return isa, f"{why}; C++ kernels not in use: {e}"
+
+    @classmethod
+    def get_graph_capture(cls, config=None) -> Choice:
+        """The platform default, or ``OCTAVO_CPU_GRAPH_MODE``; ``--enforce-eager`` wins over both."""
+        mode = envs.OCTAVO_CPU_GRAPH_MODE
+        if mode is None:
+            return super().get_graph_capture(config)
+        if mode not in cls.cpu_graph_modes:
+            raise ValueError(f"OCTAVO_CPU_GRAPH_MODE must be one of {', '.join(cls.cpu_graph_modes)}, got {mode!r}")
+        if config is not None and config.enforce_eager and mode != "none":
+            return Choice("none", "--enforce-eager")
+        return Choice(mode, "OCTAVO_CPU_GRAPH_MODE")
 
     @classmethod
     def setup_worker(cls, local_rank: int, world_size: int):

@@ -96,6 +96,7 @@ class ModelRunner:
 
         self.step_buffers = make_step_buffers(self)
         self.graph_runner = None
+        self.cpu_graph = None  # the CPU graph mode (octavo.worker.cpu_graph) when it is on
         # Async scheduling: launched steps not yet resulted (at most one when launching).
         self._unresulted: list[StepHandle] = []
         # method draft_model: octavo.spec_decode.draft_model.DraftModel; eagle / eagle3: its
@@ -151,6 +152,15 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.load(self.model)
         self.load_seconds = time.perf_counter() - t0
+
+    def graph_choice(self) -> tuple[str, str]:
+        """(graph mode, why) for this loaded model: what the platform asks for, or ``none`` with
+        the reason the configuration cannot honour it (reported by the startup log)."""
+        if self.platform.get_graph_capture(self.config).value == "torch_compile":
+            from octavo.worker.cpu_graph import graph_mode
+        else:
+            from octavo.worker.cuda_graph import graph_mode
+        return graph_mode(self)
 
     def _quantize(self, model):
         """Hand the linear layers to the quantization method in effect (None: unquantized)."""
@@ -237,7 +247,12 @@ class ModelRunner:
             self.drafter.initialize_kv_cache(num_blocks)
         from octavo.worker.cuda_graph import maybe_capture
 
-        self.graph_runner = maybe_capture(self)
+        if self.platform.get_graph_capture(self.config).value == "torch_compile":
+            from octavo.worker.cpu_graph import maybe_compile
+
+            self.cpu_graph = maybe_compile(self)
+        else:
+            self.graph_runner = maybe_capture(self)
 
     def _bind_kv_caches(self) -> None:
         """Give each attention layer its KV tensor (and, with several groups, its group)."""
@@ -314,6 +329,8 @@ class ModelRunner:
                 max_blocks, int(n.max()), pad_to=pad,
             )
         else:
+            if self.cpu_graph is not None and self.cpu_graph.accepts(len(rows), total, int(n.max())):
+                max_blocks = batch.max_blocks_per_req  # full width: the compiled graph's shape
             tables = [t[rows, :max_blocks] for t in batch.block_tables]
             mds, inputs = self._host_inputs(token_ids, positions, slot_mappings, qsl, seq_lens, tables, int(n.max()))
         self._apply_fixup(inputs[0], fixup)
@@ -428,6 +445,10 @@ class ModelRunner:
             else:
                 idx = self.transfer.to_device(step.logits_indices)
         hidden = self.graph_runner.replay(step.metadata) if self.graph_runner is not None else None
+        if hidden is None and self.cpu_graph is not None and self.cpu_graph.accepts(
+            step.metadata.num_reqs, step.metadata.num_actual_tokens, step.metadata.max_query_len
+        ):
+            hidden = self.cpu_graph.run(step.input_ids, step.positions, attn_md)
         if hidden is None:
             hidden = self.model(step.input_ids, step.positions, attn_md)
         prompt_logprobs = self._compute_prompt_logprobs(step.req_ids, step.rows, step.metadata, hidden)

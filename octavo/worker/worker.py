@@ -65,6 +65,7 @@ class Worker:
             "attn_backend": r.attn_backend.name,
             "model_bytes": r.model_bytes(),
             "load_seconds": r.load_seconds,
+            "graphs": "{} ({})".format(*r.graph_choice()),
             # Mixture-of-experts placement and kernel on this rank ("" for dense models).
             "moe": f"{len(moe)} MoE layers, {moe[0].describe()}" if moe else "",
             # Quantized linear layers: weight kind -> kernel chosen ("" when unquantized).

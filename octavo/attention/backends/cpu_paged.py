@@ -105,6 +105,11 @@ class CpuPagedImpl(AttentionImpl):
         """The extension checks every tensor (dtype, shape, strides, index ranges); here the
         inputs are only brought to the cache's dtype with a unit inner stride."""
         md = attn_metadata
+        if torch.compiler.is_compiling():  # the CPU graph mode: one custom op in the graph
+            return torch.ops.octavo.cpu_paged_attention(
+                query, key, value, kv_cache, md.slot_mapping, md.query_start_loc, md.seq_lens,
+                md.block_table, self.scale, self._window, self._soft_cap,
+            )
         if md.__class__ is not CpuPagedMetadata:
             md = build_cpu_metadata(md)
         dtype, D = kv_cache.dtype, self.head_size

@@ -1,0 +1,55 @@
+"""octavo's C++ paged attention as a ``torch.library`` custom op, so ``torch.compile`` keeps it in
+its graph (the CPU graph mode, ``octavo/worker/cpu_graph.py``).
+
+Dynamo cannot trace into a pybind11 function: called directly, each one would break the graph.
+As custom ops with fake (meta) implementations they are opaque nodes inductor schedules around,
+and the compiled step stays one graph. Eager steps keep calling the extension directly (a custom
+op's Python dispatch costs a few microseconds per call); the layers switch on
+``torch.compiler.is_compiling()``, which is a constant while dynamo traces.
+
+- ``octavo::cpu_paged_attention``: write the step's K/V at the slot mapping, then causal paged
+  attention of the query over the cache (one op: the write must precede the read). It mutates
+  ``kv_cache`` in place (declared, so inductor neither reorders nor copies around it).
+The bf16 decode GEMV is ``octavo::cpu_gemv`` in ``octavo/models/cpu_fused_ops.py``.
+
+Registered once, when this module is first imported (the CPU graph mode imports it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from octavo.cpu_isa import load_extension
+
+_ext = load_extension()
+
+
+def _unit_inner(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype == dtype and x.stride(-1) == 1 else x.to(dtype).contiguous()
+
+
+@torch.library.custom_op("octavo::cpu_paged_attention", mutates_args=("kv_cache",))
+def cpu_paged_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+    block_table: torch.Tensor, scale: float, sliding_window: int, soft_cap: float,
+) -> torch.Tensor:
+    """``[T, H, D]`` attention output in the cache dtype; every query token is a real token
+    (``len(slot_mapping) == T``: the graph mode compiles unpadded steps only)."""
+    dtype = kv_cache.dtype
+    q = query if query.dtype == dtype and query.is_contiguous() else query.to(dtype).contiguous()
+    _ext.write_kv(key=_unit_inner(key, dtype), value=_unit_inner(value, dtype), kv_cache=kv_cache,
+                  slot_mapping=slot_mapping)
+    out = torch.empty(q.shape, dtype=dtype)
+    _ext.paged_attention(
+        query=q, out=out, kv_cache=kv_cache, query_start_loc=query_start_loc, seq_lens=seq_lens,
+        block_table=block_table, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap,
+    )
+    return out
+
+
+@cpu_paged_attention.register_fake
+def _(query, key, value, kv_cache, slot_mapping, query_start_loc, seq_lens, block_table, scale,
+      sliding_window, soft_cap):
+    return query.new_empty(query.shape, dtype=kv_cache.dtype).contiguous()
+
