@@ -23,8 +23,10 @@ compiled step cannot honour run eagerly with the reason logged (``unsupported_re
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+import types
 
 import numpy as np
 import torch
@@ -47,8 +49,9 @@ def unsupported_reason(runner) -> str | None:
         return f"quantization {cfg.model_config.quantization} (its kernels are not compiled-graph ops)"
     if cfg.speculative_config is not None:
         return f"speculative decoding ({cfg.speculative_config.method}) runs eagerly"
-    if runner.length_rope is not None and runner.length_rope.kind == "dynamic":
-        return "dynamic NTK RoPE (per-length frequency tables are looked up eagerly)"
+    moe_layers = getattr(runner.model, "moe_layers", None)
+    if callable(moe_layers) and moe_layers():
+        return "mixture-of-experts layers (the expert routing's shapes depend on the data)"
     if getattr(runner.model, "supports_cpu_graph", True) is False:
         return f"{type(runner.model).__name__} is not compiled (its layers call uncompiled kernels)"
     return None
@@ -78,7 +81,7 @@ class CpuGraphRunner:
             ops.prepack(self.model)  # the graph reads packed weights, it never packs them
         self.max_num_seqs = runner.config.scheduler_config.max_num_seqs
         self.enabled = True  # benchmarks flip this to time eager steps on the same engine
-        self.compiled = torch.compile(self._forward, fullgraph=True, dynamic=None)
+        self.compiled = torch.compile(_own_code(self._forward), fullgraph=True, dynamic=None)
         self.steps = 0  # compiled steps run (tests and benchmarks read it)
         self.compile_seconds = 0.0
 
@@ -111,6 +114,15 @@ class CpuGraphRunner:
         self.compile_seconds = time.perf_counter() - t0
 
 
+def _own_code(method):
+    """``method`` bound to its own copy of the function's code object. Dynamo keeps compiled
+    graphs per code object; a private one keeps this runner's graphs (and the recompile limit)
+    apart from other models' in the same process, and frees them with the runner."""
+    fn = method.__func__
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    return types.MethodType(own, method.__self__)
+
+
 def dummy_metadata(runner, size: int, width: int) -> list[CommonAttentionMetadata]:
     """A decode step of ``size`` dummy rows that reads the null block and writes no KV."""
     qsl = np.arange(size + 1, dtype=np.int64)
@@ -128,7 +140,12 @@ def dummy_metadata(runner, size: int, width: int) -> list[CommonAttentionMetadat
         max_seq_len=1,
         block_size=runner.block_size,
     )
-    return [md] * runner.num_kv_groups
+    # One table and slot mapping per KV cache group, sharing the rest (as real steps do: dynamo
+    # guards on which inputs alias, so the dummy must alias the same way).
+    return [md] + [
+        dataclasses.replace(md, block_table=md.block_table.clone(), slot_mapping=md.slot_mapping.clone())
+        for _ in range(runner.num_kv_groups - 1)
+    ]
 
 
 def maybe_compile(runner) -> CpuGraphRunner | None:

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
-from tests.fixtures.checkpoints import ARCH_SPECS
+from tests.fixtures.checkpoints import ARCH_SPECS, MOE_ARCHS
 from tests.hf_reference import random_prompts
 
 COMMON = dict(dtype="float32", block_size=16, max_model_len=128, max_num_seqs=4)
 CI_ARCHS = ("llama", "qwen3")
-ARCH_PARAMS = [a if a in CI_ARCHS else pytest.param(a, marks=pytest.mark.slow) for a in ARCH_SPECS]
+DENSE = [a for a in ARCH_SPECS if a not in MOE_ARCHS]
+ARCH_PARAMS = [a if a in CI_ARCHS else pytest.param(a, marks=pytest.mark.slow) for a in DENSE]
 
 
 def _compiles() -> int:
@@ -73,6 +74,13 @@ def test_enforce_eager_and_unsupported_options_run_eagerly_with_the_reason(llama
                                               "prompt_lookup_max": 3}, **COMMON)
     assert spec.llm_engine.core.runner.cpu_graph is None
     assert _graphs(spec) == "none (speculative decoding (ngram) runs eagerly)"
+
+
+def test_moe_models_run_eagerly_with_the_reason(checkpoints, monkeypatch):
+    monkeypatch.setenv("OCTAVO_CPU_GRAPH_MODE", "torch_compile")
+    llm = LLM(checkpoints["mixtral"], **COMMON)
+    assert llm.llm_engine.core.runner.cpu_graph is None
+    assert _graphs(llm) == "none (mixture-of-experts layers (the expert routing's shapes depend on the data))"
 
 
 def test_graph_mode_env_is_validated_and_reported(llama_dir, monkeypatch):
