@@ -22,6 +22,8 @@ class CpuPlatform(Platform):
     moe_backend_priority = ("cpu_grouped", "torch_ref")
     # The CPU graph mode (octavo/worker/cpu_graph.py): OCTAVO_CPU_GRAPH_MODE picks it per run.
     graph_capture = "none"
+    # Eager by default: the compiled decode step measured no faster (the eager step is already
+    # C++ kernels end to end: GEMV, paged attention, fused norm/rope/SiLU) and costs a compile.
     graph_capture_reason = "CPU runs eagerly by default (OCTAVO_CPU_GRAPH_MODE=torch_compile compiles decode steps)"
     cpu_graph_modes = ("none", "torch_compile")
     communicator = "gloo"

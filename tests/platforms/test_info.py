@@ -25,7 +25,9 @@ def test_info_on_a_cpu_machine(monkeypatch, llama_dir):
     assert "not a ROCm build" in info["  not rocm"]
     assert "no XPU support" in info["  not xpu"]
     assert "torch_xla is not installed" in info["  not tpu"]
-    assert info["graphs"] == "none (CPU runs eagerly)"
+    assert info["graphs"] == "none (CPU runs eagerly by default (OCTAVO_CPU_GRAPH_MODE=torch_compile compiles decode steps))"
+    monkeypatch.setenv("OCTAVO_CPU_GRAPH_MODE", "torch_compile")
+    assert collect_info(llama_dir)["graphs"] == "torch_compile (OCTAVO_CPU_GRAPH_MODE)"
     assert info["communicator"].startswith("gloo (")
     assert info["cpu isa"].split()[0] in ("avx512", "avx2", "neon", "scalar")
     assert info["dtype"] == "float32" and info["block_size"] == "16"
