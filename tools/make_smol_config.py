@@ -12,6 +12,9 @@ downloading anything::
 
 With ``--random-weights`` it also writes ``model.safetensors`` with transformers' random
 initialisation from a fixed seed, which every engine can load (``benchmarks/cpu_e2e_compare.py``).
+With ``--full-vocab`` the tokenizer's BPE vocabulary is padded to the model's 49152 ids (see
+``widen_tokenizer``), so every id a random model generates decodes to text: a server streams
+a chunk per token, as with a real checkpoint (``benchmarks/bench_vllm_cpu.py``).
 
 The tokenizer files are copied from the model shipped in the package
 (``octavo/assets/default_model``); when that folder is absent (the model is not trained yet),
@@ -106,6 +109,38 @@ def write_tokenizer(out: Path, source: Path | None) -> str:
     return "tests/fixtures (deterministic test tokenizer)"
 
 
+def widen_tokenizer(out: Path, vocab_size: int) -> int:
+    """Pad ``out/tokenizer.json``'s BPE vocabulary to ``vocab_size`` ids; returns how many were added.
+
+    The new entries (ids after the last one, in a fixed order) are concatenations of two
+    existing non-special ASCII tokens that are not tokens themselves. No merge rule produces
+    them, so encoding any text is unchanged; each decodes to its two parts' text (whole
+    characters: no incremental detokenizer holds it back). Without them an id past the
+    tokenizer's vocabulary decodes to nothing, and a random model mostly generates such ids.
+    """
+    path = out / "tokenizer.json"
+    tok = json.loads(path.read_text())
+    if tok["model"].get("type") != "BPE":
+        raise ValueError(f"{path}: --full-vocab pads BPE vocabularies only, not {tok['model'].get('type')}")
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    special = {a["content"] for a in tok.get("added_tokens", [])}
+    next_id = 1 + max([*vocab.values(), *(a["id"] for a in tok.get("added_tokens", []))])
+    ascii_chars = {chr(c) for c in range(33, 127)} | {"\u0120", "\u010a", "\u0109"}  # byte-level: ' ', \n, \t
+    base = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])
+            if t not in special and set(t) <= ascii_chars]
+    added = 0
+    for a in base:
+        for b in base:
+            if next_id >= vocab_size:
+                path.write_text(json.dumps(tok, ensure_ascii=False))
+                return added
+            if a + b not in vocab:
+                vocab[a + b] = next_id
+                next_id += 1
+                added += 1
+    raise ValueError(f"{path}: cannot pad {len(vocab)} tokens to {vocab_size}")
+
+
 def write_random_weights(out: Path, seed: int = 0) -> None:
     """``model.safetensors`` with transformers' random initialisation (bf16) from a fixed seed,
     so engines that cannot fill dummy weights (HF ``generate``, vLLM) load the same model."""
@@ -119,7 +154,8 @@ def write_random_weights(out: Path, seed: int = 0) -> None:
 
 
 def make_smol_config(
-    out: Path, tokenizer_source: Path | None = DEFAULT_MODEL_DIR, random_weights: bool = False
+    out: Path, tokenizer_source: Path | None = DEFAULT_MODEL_DIR, random_weights: bool = False,
+    full_vocab: bool = False,
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.safetensors"):
@@ -128,6 +164,8 @@ def make_smol_config(
     cfg = dict(SMOL_135M)
     from_source = tokenizer_source is not None and (tokenizer_source / "config.json").exists()
     cfg.update(_special_ids(tokenizer_source if from_source else out))
+    if full_vocab:
+        src += f", padded by {widen_tokenizer(out, cfg['vocab_size'])} ids to the model's vocabulary"
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     print(f"wrote {out}/config.json: SmolLM-135M shape, {num_parameters(cfg) / 1e6:.1f}M "
           f"parameters; tokenizer from {src}")
@@ -150,8 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also write model.safetensors with random weights from a fixed seed (~270 MB), for "
         "benchmarks that compare engines which all load weights",
     )
+    parser.add_argument(
+        "--full-vocab", action="store_true",
+        help="pad the tokenizer's vocabulary to the model's (every generated id decodes to text)",
+    )
     args = parser.parse_args(argv)
-    make_smol_config(args.out, args.tokenizer_from, args.random_weights)
+    make_smol_config(args.out, args.tokenizer_from, args.random_weights, args.full_vocab)
     return 0
 
 
