@@ -234,6 +234,13 @@ def apply_top_k_top_p(
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 
 
+def first_max_index(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)``: the index of each row's first maximum (a NaN counts as the maximum,
+    as in ``argmax``), through ``torch.max``'s indices, which return the same index and on CPUs
+    run several times faster than ``argmax`` over a vocabulary-wide row (bf16 and float32)."""
+    return x.max(dim=-1).indices
+
+
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """One draw per row from ``probs`` (rows need not be normalised); consumes ``probs``."""
     q = torch.empty_like(probs)
@@ -244,7 +251,7 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     # A noise value of exactly 0 would make p / q inf (or NaN for a masked token, which
     # argmax would pick); some backends can draw it, so keep q strictly positive.
     q.clamp_(min=torch.finfo(q.dtype).tiny)
-    return probs.div_(q).argmax(dim=-1)
+    return first_max_index(probs.div_(q))
 
 
 def gather_logprobs(
@@ -329,10 +336,10 @@ class Sampler(nn.Module):
         if md.all_greedy and md.max_num_logprobs is None and not _modifies_logits(md):
             # Nothing would read the float32 copy: converting to float32 is exact, so the argmax
             # of the model's logits is the same token (same order, same first maximum).
-            return SamplerOutput(logits.argmax(dim=-1), None)
+            return SamplerOutput(first_max_index(logits), None)
         logits = logits.to(torch.float32, copy=True)
         logits = self.apply_logits_processors(logits, md)
-        greedy = logits.argmax(dim=-1) if not md.all_random else None
+        greedy = first_max_index(logits) if not md.all_random else None
         if md.all_greedy:
             assert greedy is not None
             processed, sampled = logits, greedy

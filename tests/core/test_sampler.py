@@ -316,3 +316,18 @@ def test_all_greedy_without_processing_takes_the_argmax_of_the_model_logits(dtyp
     # the full pipeline (a no-op logit bias forces it) agrees
     md.logit_bias = (torch.tensor([0]), torch.tensor([0]), torch.tensor([0.0]))
     assert torch.equal(Sampler()(logits, md).sampled_token_ids, out.sampled_token_ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_first_max_index_is_argmax_with_ties_nan_and_inf(dtype):
+    """The greedy / sampling pick equals ``argmax`` exactly: the first of tied maxima, a NaN
+    taken as the maximum, an all -inf row's index 0."""
+    from octavo.core.sampler import first_max_index
+
+    g = torch.Generator().manual_seed(0)
+    ties = torch.randint(-3, 4, (33, 4099), generator=g).to(dtype)  # many tied maxima per row
+    nan = torch.randn(4, 4099, generator=g).to(dtype)
+    nan[0, 100] = nan[0, 50] = nan[2, 4098] = float("nan")
+    ninf = torch.full((3, 4099), float("-inf"), dtype=dtype)
+    for x in (ties, nan, ninf, ties[:1, :7]):
+        assert torch.equal(first_max_index(x), x.argmax(dim=-1))
