@@ -16,12 +16,17 @@ the standard algorithm (and in vLLM's, which draws a uniform instead of reusing 
 seeded request's ``x_j`` is drawn from ``(seed, output index)``, so with a seed it produces the
 same tokens with speculation as without; greedy is exact match against the argmax.
 
-Nothing here reads a tensor back to the host.
+Verification needs no probabilities: per request it is the first position where the sampled
+token differs from the draft (an argmax over a [requests, positions] grid). On a device it is a
+few tensor ops and nothing is read back to the host; where the device is the host (the CPU)
+the same rule runs in numpy on the same memory (``verify_one_hot_drafts_host``), which at
+decode sizes costs a fraction of the torch dispatches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -35,7 +40,12 @@ class DraftLayout:
     starts: np.ndarray  # [B] first flat position of each request
     seg: np.ndarray  # [T] request index of each flat position
     offsets: np.ndarray  # [T] drafts before the position (0..k)
-    draft_ids: np.ndarray  # [T] the draft verified at the position, -1 at a request's last
+    # [B, W] (W = max counts): flat position of request i's j-th position; past its last
+    # position (j >= counts[i]) its last position again.
+    grid: np.ndarray
+    # [B, W] the draft verified at grid[i, j]; -1 at a request's last position and past it, so
+    # every row has a first mismatch (sampled tokens are >= 0) at or before its last position.
+    grid_drafts: np.ndarray
 
     @property
     def has_drafts(self) -> bool:
@@ -43,31 +53,29 @@ class DraftLayout:
 
 
 def make_layout(num_drafts: np.ndarray, drafts: list[list[int]]) -> DraftLayout:
-    """Layout for requests with ``num_drafts[i] == len(drafts[i])`` drafts each."""
+    """Layout for requests with ``num_drafts[i]`` drafts each; ``drafts`` holds the draft lists
+    of the requests with ``num_drafts[i] > 0``, in order."""
     counts = num_drafts.astype(np.int64) + 1
     starts = np.cumsum(counts) - counts
     seg = np.repeat(np.arange(len(counts)), counts)
-    offsets = np.arange(int(counts.sum())) - starts[seg]
-    draft_ids = np.full(len(seg), -1, dtype=np.int64)
-    if num_drafts.any():
-        flat = np.fromiter((t for d in drafts for t in d), dtype=np.int64, count=int(num_drafts.sum()))
-        draft_ids[offsets < (counts - 1)[seg]] = flat
-    return DraftLayout(counts, starts, seg, offsets, draft_ids)
+    offsets = np.arange(seg.shape[0]) - starts[seg]
+    col = np.arange(int(counts.max()))
+    grid = starts[:, None] + np.minimum(col, counts[:, None] - 1)
+    grid_drafts = np.full(grid.shape, -1, dtype=np.int64)
+    n = int(counts.sum()) - len(counts)
+    if n:
+        grid_drafts[col < counts[:, None] - 1] = np.fromiter(chain.from_iterable(drafts), dtype=np.int64, count=n)
+    return DraftLayout(counts, starts, seg, offsets, grid, grid_drafts)
 
 
-def verify_one_hot_drafts(
-    sampled: torch.Tensor, draft_ids: torch.Tensor, seg: torch.Tensor, starts: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens emitted per request [B], keep mask [T]) for the coupled rule above.
+def verify_one_hot_drafts(sampled: torch.Tensor, grid: torch.Tensor, grid_drafts: torch.Tensor) -> torch.Tensor:
+    """Tokens each request emits [B] under the coupled rule above, on the device: its accepted
+    drafts plus one, ``sampled[starts[i] : starts[i] + emitted[i]]`` (``grid``/``grid_drafts``
+    from ``DraftLayout``; ``sampled`` flat [T])."""
+    mismatch = (sampled[grid] != grid_drafts).to(torch.uint8)
+    return mismatch.argmax(dim=1) + 1  # the first maximum: the first mismatch
 
-    ``sampled``/``draft_ids``/``seg`` are flat [T]; ``draft_ids`` is -1 at each request's last
-    position, so every request has a first mismatch and emits ``accepted + 1`` tokens:
-    ``sampled[starts[i] : starts[i] + emitted[i]]``.
-    """
-    t = sampled.shape[0]
-    idx = torch.arange(t, device=sampled.device)
-    mismatch_at = torch.where(sampled != draft_ids, idx, torch.full_like(idx, t))
-    first = torch.full((starts.shape[0],), t, dtype=idx.dtype, device=idx.device)
-    first.scatter_reduce_(0, seg, mismatch_at, reduce="amin")
-    keep = idx <= first[seg]
-    return first - starts + 1, keep
+
+def verify_one_hot_drafts_host(sampled: np.ndarray, layout: DraftLayout) -> np.ndarray:
+    """``verify_one_hot_drafts`` in numpy, for sampled tokens already in host memory."""
+    return (sampled[layout.grid] != layout.grid_drafts).argmax(axis=1) + 1

@@ -40,7 +40,12 @@ from octavo.core.sampler import (
 from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
-from octavo.spec_decode.rejection_sampler import DraftLayout, make_layout, verify_one_hot_drafts
+from octavo.spec_decode.rejection_sampler import (
+    DraftLayout,
+    make_layout,
+    verify_one_hot_drafts,
+    verify_one_hot_drafts_host,
+)
 from octavo.worker.input_batch import InputBatch
 from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle, logprob_dicts
 from octavo.worker.transfer import DeviceTransfer
@@ -482,10 +487,12 @@ class ModelRunner:
         if tp.world_size > 1:
             sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
         sampled_t = sampled_t.to(torch.int64)
-        emitted = emitted_host = keep = None
-        if layout is not None:
+        emitted = emitted_host = None
+        if layout is not None and self.transfer.host:  # the tokens are in host memory already
+            emitted = emitted_host = torch.from_numpy(verify_one_hot_drafts_host(sampled_t.numpy(), layout))
+        elif layout is not None:
             dev = self.transfer.to_device
-            emitted, keep = verify_one_hot_drafts(sampled_t, dev(layout.draft_ids), dev(layout.seg), dev(layout.starts))
+            emitted = verify_one_hot_drafts(sampled_t, dev(layout.grid), dev(layout.grid_drafts))
             emitted_host = self.transfer.to_host_async(emitted)
         lp_host = num_lp = None
         if out is not None and out.logprobs is not None:
@@ -498,7 +505,7 @@ class ModelRunner:
             event.record()
         return SampledTokens(sampled_t, sample_rows, self.input_batch.serial[sample_rows].copy(),
                              sampled_host, lp_host, num_lp, event, emitted_host,
-                             None if layout is None else layout.starts, emitted)
+                             layout, emitted)
 
     @staticmethod
     def _draft_layout(step: StepInputs, so: SchedulerOutput) -> DraftLayout | None:

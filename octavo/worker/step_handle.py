@@ -21,6 +21,7 @@ import torch
 
 from octavo.core.sampler import LogprobsTensors
 from octavo.core.scheduler_output import ModelRunnerOutput
+from octavo.spec_decode.rejection_sampler import DraftLayout
 
 
 def logprob_dicts(lp: LogprobsTensors, counts) -> list[dict[int, tuple[float, int]] | None]:
@@ -66,8 +67,13 @@ class SampledTokens:
     # ``host`` holds every verified position, row by row, and each row keeps its first ones.
     # None when no row verified drafts (``host`` has one token per row).
     num_emitted_host: torch.Tensor | None = None
-    position_starts: np.ndarray | None = None  # [len(rows)] first position of each row in ``host``
+    layout: DraftLayout | None = None  # where each row's positions sit in ``host``
     num_emitted_device: torch.Tensor | None = None  # ``num_emitted_host`` still on the device
+
+    @property
+    def position_starts(self) -> np.ndarray | None:
+        """[len(rows)] flat index of each row's first position (None without drafts)."""
+        return None if self.layout is None else self.layout.starts
 
     def emitted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens each row emits, flat index of each row's first position, emitted tokens
@@ -75,10 +81,9 @@ class SampledTokens:
         tokens = self.host.numpy()
         if self.num_emitted_host is None:
             return np.ones(len(tokens), dtype=np.int64), np.arange(len(tokens)), tokens
-        counts = self.num_emitted_host.numpy().astype(np.int64)
-        starts = self.position_starts
-        idx = np.repeat(starts, counts) + np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        return counts, starts, tokens[idx]
+        counts = self.num_emitted_host.numpy().astype(np.int64, copy=False)
+        grid = self.layout.grid
+        return counts, self.layout.starts, tokens[grid[np.arange(grid.shape[1]) < counts[:, None]]]
 
 
 class StepHandle:
