@@ -7,7 +7,8 @@ wrapped by wall-clock timers: scheduling, the runner's state update / input prep
 attention metadata / forward / logits / sampling metadata / sampler / draft layout and
 verification / result, the scheduler's update, the n-gram proposal and the output processing.
 Prints, per engine, microseconds per decode step for each phase (phases nest: ``runner``
-contains the runner's parts; the prefill step is not counted), the steps per request, and a
+contains the runner's parts; the prefill step is not counted) and the median of one call (robust
+to the odd garbage collection or preemption landing in a phase), the steps per request, and a
 speculative step's and a speculative token's cost against a plain one.
 
 Example:
@@ -20,6 +21,7 @@ import argparse
 import importlib
 import json
 import os
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -55,6 +57,7 @@ class Timers:
     def __init__(self) -> None:
         self.engine: str | None = None
         self.totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.calls: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
 
     def wrap(self, label: str, inner, engine: str | None = None):
         def timed(*a, **kw):
@@ -64,7 +67,9 @@ class Timers:
             finally:
                 who = engine or self.engine
                 if who is not None and self.engine is not None:
-                    self.totals[who][label] += time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    self.totals[who][label] += dt
+                    self.calls[who][label].append(dt)
 
         return timed
 
@@ -138,13 +143,18 @@ def main() -> int:
     report["us_per_step"] = {
         label: {k: round(1e6 * timers.totals[k].get(label, 0.0) / steps[k], 1) for k in llms} for label in labels
     }
+    report["median_us_per_call"] = {
+        label: {k: round(1e6 * statistics.median(timers.calls[k][label]), 1) if timers.calls[k][label] else 0.0
+                for k in llms} for label in labels
+    }
     step = report["us_per_step"]["step"]
     report["spec_step_vs_base_step"] = round(step["spec"] / step["base"], 3)
     report["spec_token_vs_base_token"] = round(step["spec"] * steps["spec"] / (step["base"] * steps["base"]), 3)
     width = max(map(len, labels))
-    print(f"{'us per decode step':{width}}  {'base':>8}  {'spec':>8}")
+    print(f"{'us per decode step':{width}}  {'base':>8}  {'spec':>8}   median us per call: {'base':>8}  {'spec':>8}")
     for label, v in report["us_per_step"].items():
-        print(f"{label:{width}}  {v['base']:8.1f}  {v['spec']:8.1f}")
+        m = report["median_us_per_call"][label]
+        print(f"{label:{width}}  {v['base']:8.1f}  {v['spec']:8.1f}   {'':20}{m['base']:8.1f}  {m['spec']:8.1f}")
     print(json.dumps({k: report[k] for k in ("steps_per_request", "spec_step_vs_base_step",
                                              "spec_token_vs_base_token")}))
     if args.json_out:

@@ -25,6 +25,7 @@ decode sizes costs a fraction of the torch dispatches.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from itertools import chain
 
@@ -55,17 +56,33 @@ class DraftLayout:
 def make_layout(num_drafts: np.ndarray, drafts: list[list[int]]) -> DraftLayout:
     """Layout for requests with ``num_drafts[i]`` drafts each; ``drafts`` holds the draft lists
     of the requests with ``num_drafts[i] > 0``, in order."""
-    counts = num_drafts.astype(np.int64) + 1
+    counts, starts, seg, offsets, grid, draft_mask = layout_structure(num_drafts)
+    n = int(offsets.shape[0]) - len(counts)
+    grid_drafts = np.full(grid.shape, -1, dtype=np.int64)
+    if n:
+        grid_drafts[draft_mask] = np.fromiter(chain.from_iterable(drafts), dtype=np.int64, count=n)
+    return DraftLayout(counts, starts, seg, offsets, grid, grid_drafts)
+
+
+def layout_structure(num_drafts: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(counts, starts, seg, offsets, grid, draft_mask) of ``DraftLayout`` for these draft
+    counts (``draft_mask``: the grid cells holding a draft). They depend on the counts only, and
+    a decoding batch repeats the same counts step after step, so they are cached: shared
+    arrays that nobody writes (torch refuses read-only ones, so they are not flagged). At
+    decode sizes the dozen small numpy calls cost more than the verification itself."""
+    return _layout_structure(np.ascontiguousarray(num_drafts, dtype=np.int64).tobytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _layout_structure(key: bytes) -> tuple[np.ndarray, ...]:
+    counts = np.frombuffer(key, dtype=np.int64) + 1
     starts = np.cumsum(counts) - counts
     seg = np.repeat(np.arange(len(counts)), counts)
     offsets = np.arange(seg.shape[0]) - starts[seg]
-    col = np.arange(int(counts.max()))
+    col = np.arange(int(counts.max()) if len(counts) else 0)
     grid = starts[:, None] + np.minimum(col, counts[:, None] - 1)
-    grid_drafts = np.full(grid.shape, -1, dtype=np.int64)
-    n = int(counts.sum()) - len(counts)
-    if n:
-        grid_drafts[col < counts[:, None] - 1] = np.fromiter(chain.from_iterable(drafts), dtype=np.int64, count=n)
-    return DraftLayout(counts, starts, seg, offsets, grid, grid_drafts)
+    draft_mask = col < counts[:, None] - 1
+    return counts, starts, seg, offsets, grid, draft_mask
 
 
 def verify_one_hot_drafts(sampled: torch.Tensor, grid: torch.Tensor, grid_drafts: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,7 @@ from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
 from octavo.spec_decode.rejection_sampler import (
     DraftLayout,
+    layout_structure,
     make_layout,
     verify_one_hot_drafts,
     verify_one_hot_drafts_host,
@@ -515,9 +516,8 @@ class ModelRunner:
         num_drafts = step.num_drafts[step.sample_mask]
         if not num_drafts.any():
             return None
-        spec = so.scheduled_spec_decode_tokens
-        drafts = [spec[step.req_ids[p]] for p in np.nonzero(step.sample_mask & (step.num_drafts > 0))[0].tolist()]
-        return make_layout(num_drafts, drafts)
+        spec = so.scheduled_spec_decode_tokens  # a request verifying drafts always samples
+        return make_layout(num_drafts, [spec[r] for r in step.req_ids if spec.get(r)])
 
     def _token_bitmask(
         self, so: SchedulerOutput, step: StepInputs, layout: DraftLayout | None
@@ -575,9 +575,8 @@ def _logits_indices(cu: np.ndarray, sample_mask: np.ndarray, num_drafts: np.ndar
     of its drafts' predecessors (``cu``: cumulative scheduled tokens per request)."""
     if num_drafts is None:
         return cu[sample_mask] - 1
-    counts = num_drafts[sample_mask] + 1
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(cu[sample_mask] - counts, counts) + within
+    counts, _, seg, offsets, _, _ = layout_structure(num_drafts[sample_mask])
+    return (cu[sample_mask] - counts)[seg] + offsets
 
 
 def _bitmask_kernel(platform) -> BitmaskKernel:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from octavo.spec_decode.rejection_sampler import (
+    layout_structure,
     make_layout,
     verify_one_hot_drafts,
     verify_one_hot_drafts_host,
@@ -48,3 +49,10 @@ def test_every_draft_accepted_emits_the_bonus_token():
     assert verify_one_hot_drafts_host(sampled, layout).tolist() == [4, 1]
     assert verify_one_hot_drafts(torch.from_numpy(sampled), torch.from_numpy(layout.grid),
                                  torch.from_numpy(layout.grid_drafts)).tolist() == [4, 1]
+
+
+def test_layout_structure_is_shared_between_steps_and_handles_no_requests():
+    a, b = layout_structure(np.array([2, 0])), layout_structure(np.array([2, 0]))
+    assert all(x is y for x, y in zip(a, b, strict=True))  # cached: computed once per counts
+    assert a[0].tolist() == [3, 1] and a[4].tolist() == [[0, 1, 2], [3, 3, 3]]
+    assert [x.size for x in layout_structure(np.array([], dtype=np.int64))] == [0] * 6
