@@ -38,3 +38,27 @@ def test_proposes_what_followed_the_longest_match():
     longer = NgramProposer(SpeculativeConfig("ngram", 2, 2, 2))
     assert longer.propose([7, 1, 8, 2, 1, 8]) == [2, 1]
     assert longer.propose([7, 1, 8, 2, 9, 8]) == []  # a 1-token match is below prompt_lookup_min
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_long_histories_match_reference(seed):
+    """Contexts as long as a code-editing prompt plus output, with common repeated tokens."""
+    rng = np.random.default_rng(100 + seed)
+    t = rng.integers(0, 12, size=600)
+    t[-40:] = t[100:140]  # a copied span: long matches exist
+    for lo, hi in ((1, 5), (2, 5), (5, 5), (3, 8)):
+        assert longest_match_end(t, lo, hi) == _reference(t.tolist(), lo, hi)
+
+
+def test_propose_batch_follows_a_growing_request():
+    """The per-request token buffer takes in the tokens appended between proposals."""
+    from octavo.core.request import Request
+    from octavo.sampling_params import SamplingParams
+
+    p = NgramProposer(SpeculativeConfig("ngram", 3, 1, 3))
+    req = Request("r", [1, 2, 3, 9, 2], SamplingParams(), None)
+    assert p.propose_batch([req], [3]) == [[3, 9, 2]]
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # past the buffer's first capacity (64), so it grows
+        req.append_output_token_ids(rng.integers(0, 6, size=int(rng.integers(1, 4))).tolist())
+        assert p.propose_batch([req], [2]) == [p.propose(req.all_token_ids, 2)]
