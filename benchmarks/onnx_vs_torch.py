@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ONNX Runtime runner vs octavo's torch path on the same checkpoint, one run, interleaved.
 
-    python benchmarks/onnx_vs_torch.py --model DIR [--onnx EXPORT_DIR ...] [--rounds 3]
+    python benchmarks/onnx_vs_torch.py --model DIR [--onnx EXPORT_DIR ...] [--torch-graph] [--rounds 3]
 
 ``DIR`` is an HF folder octavo loads; each ``--onnx`` folder is ``octavo export onnx DIR`` of it
 (fp32, int4, ...). Without ``--onnx`` a float32 export is written to a temporary folder first.
@@ -55,6 +55,14 @@ def _engines(args) -> dict:
     for dtype in args.torch_dtypes.split(","):
         t0 = time.perf_counter()
         engines[f"torch-{dtype}"] = (LLM(args.model, dtype=dtype, **common), time.perf_counter() - t0)
+        if args.torch_graph:  # the same engine with the CPU graph mode (compile time counted)
+            os.environ["OCTAVO_CPU_GRAPH_MODE"] = "torch_compile"
+            try:
+                t0 = time.perf_counter()
+                llm = LLM(args.model, dtype=dtype, **common)
+                engines[f"torch-{dtype}-compiled"] = (llm, time.perf_counter() - t0)
+            finally:
+                del os.environ["OCTAVO_CPU_GRAPH_MODE"]
     for folder in args.onnx:
         t0 = time.perf_counter()
         name = f"onnxruntime-{os.path.basename(os.path.normpath(folder))}"
@@ -96,6 +104,8 @@ def main() -> int:
     p.add_argument("--model", required=True)
     p.add_argument("--onnx", action="append", default=[], help="an exported folder (repeatable)")
     p.add_argument("--torch-dtypes", default="float32", help="comma-separated; the first is the baseline")
+    p.add_argument("--torch-graph", action="store_true",
+                   help="also each torch dtype with the CPU graph mode (OCTAVO_CPU_GRAPH_MODE=torch_compile)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128)

@@ -107,3 +107,11 @@ def test_fp16_export_runs_in_float16(checkpoints, tmp_path):
     assert llm.llm_engine.core.runner.model.cache.dtype.itemsize == 2
     res = llm.generate(["def f("], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     assert len(res[0].outputs[0].token_ids) == 12
+
+
+def test_session_threads_do_not_spin_between_runs(onnx_exports):
+    """ONNX Runtime's pool threads must sleep after a run: torch ops of the same step (KV
+    gather/scatter, sampling) use the same cores in between."""
+    llm = LLM(onnx_exports["llama"], max_model_len=64)
+    opts = llm.llm_engine.core.runner.model.session.get_session_options()
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
