@@ -95,15 +95,11 @@ class CpuPagedImpl(AttentionImpl):
         self._soft_cap = float(self.logits_soft_cap or 0.0)
         from octavo.cpu_isa import load_extension
 
-        ext = load_extension()
-        self._write_kv = ext.write_kv
-        self._attention = ext.paged_attention
+        self._ext = load_extension()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
 
     def forward(self, query, key, value, kv_cache, attn_metadata):
-        """The extension checks every tensor (dtype, shape, strides, index ranges); here the
-        inputs are only brought to the cache's dtype with a unit inner stride."""
         md = attn_metadata
         if torch.compiler.is_compiling():  # the CPU graph mode: one custom op in the graph
             return torch.ops.octavo.cpu_paged_attention(
@@ -112,25 +108,39 @@ class CpuPagedImpl(AttentionImpl):
             )
         if md.__class__ is not CpuPagedMetadata:
             md = build_cpu_metadata(md)
-        dtype, D = kv_cache.dtype, self.head_size
-        if query.dtype != dtype or query.stride(-1) != 1 or query.stride(-2) != D:
-            query = query.to(dtype).contiguous()
-        if key.dtype != dtype or key.stride(-1) != 1:
-            key = key.to(dtype).contiguous()
-        if value.dtype != dtype or value.stride(-1) != 1:
-            value = value.to(dtype).contiguous()
-        n = md.num_actual_tokens
-        self._write_kv(key=key, value=value, kv_cache=kv_cache, slot_mapping=md.slot_mapping[:n])
-        T = query.shape[0]
-        out = torch.empty((T, self.num_heads, D), dtype=dtype)
-        if T > n:
-            out[n:].zero_()
-        self._attention(
-            query=query, out=out, kv_cache=kv_cache, query_start_loc=md.query_start_loc,
-            seq_lens=md.seq_lens, block_table=md.block_table, scale=self.scale,
-            sliding_window=self._window, soft_cap=self._soft_cap,
+        return write_kv_and_attend(
+            self._ext, query, key, value, kv_cache, md.slot_mapping[: md.num_actual_tokens],
+            md.query_start_loc, md.seq_lens, md.block_table, self.scale, self._window, self._soft_cap,
         )
-        return out
+
+
+def write_kv_and_attend(
+    ext, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+    block_table: torch.Tensor, scale: float, sliding_window: int, soft_cap: float,
+) -> torch.Tensor:
+    """The extension's two calls of one layer's step (eager and the graph mode's custom op):
+    write the K/V of the first ``len(slot_mapping)`` tokens (the real ones), then attention of
+    every query token; ``[T, H, D]`` in the cache dtype, rows past the real tokens (padding)
+    zero. Inputs are only brought to the cache's dtype with a unit inner stride; the extension
+    checks the rest."""
+    dtype, D = kv_cache.dtype, query.shape[-1]
+    if query.dtype != dtype or query.stride(-1) != 1 or query.stride(-2) != D:
+        query = query.to(dtype).contiguous()
+    if key.dtype != dtype or key.stride(-1) != 1:
+        key = key.to(dtype).contiguous()
+    if value.dtype != dtype or value.stride(-1) != 1:
+        value = value.to(dtype).contiguous()
+    n = slot_mapping.shape[0]
+    ext.write_kv(key=key, value=value, kv_cache=kv_cache, slot_mapping=slot_mapping)
+    out = torch.empty(query.shape, dtype=dtype)
+    if query.shape[0] > n:
+        out[n:].zero_()
+    ext.paged_attention(
+        query=query, out=out, kv_cache=kv_cache, query_start_loc=query_start_loc, seq_lens=seq_lens,
+        block_table=block_table, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap,
+    )
+    return out
 
 
 class CpuPagedBackend(AttentionBackend):

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from octavo.attention.backends.cpu_paged import write_kv_and_attend
 from octavo.cpu_isa import load_extension
 
 _ext = load_extension()
-
-
-def _unit_inner(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return x if x.dtype == dtype and x.stride(-1) == 1 else x.to(dtype).contiguous()
 
 
 @torch.library.custom_op("octavo::cpu_paged_attention", mutates_args=("kv_cache",))
@@ -36,16 +33,8 @@ def cpu_paged_attention(
 ) -> torch.Tensor:
     """``[T, H, D]`` attention output in the cache dtype; every query token is a real token
     (``len(slot_mapping) == T``: the graph mode compiles unpadded steps only)."""
-    dtype = kv_cache.dtype
-    q = query if query.dtype == dtype and query.is_contiguous() else query.to(dtype).contiguous()
-    _ext.write_kv(key=_unit_inner(key, dtype), value=_unit_inner(value, dtype), kv_cache=kv_cache,
-                  slot_mapping=slot_mapping)
-    out = torch.empty(q.shape, dtype=dtype)
-    _ext.paged_attention(
-        query=q, out=out, kv_cache=kv_cache, query_start_loc=query_start_loc, seq_lens=seq_lens,
-        block_table=block_table, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap,
-    )
-    return out
+    return write_kv_and_attend(_ext, query, key, value, kv_cache, slot_mapping, query_start_loc, seq_lens,
+                               block_table, scale, sliding_window, soft_cap)
 
 
 @cpu_paged_attention.register_fake
