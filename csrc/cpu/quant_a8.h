@@ -11,7 +11,8 @@
 // Loop: per 4 k, the tile's 4 x 32 codes (128 bytes: 8-bit rows k..k+3, or 4-bit rows r, r+1
 // with their nibbles split) are regrouped into two registers of 16 channels x 4 consecutive k
 // by VPERMT2B, and each row's 4 activation bytes (broadcast) meet them in VPDPBUSD (u8 x s8).
-// Rows are processed in blocks of up to kA8Rows (8) sharing every regrouped weight register.
+// Rows are processed in blocks of up to kA8Rows (8) sharing every regrouped weight register;
+// a single row streams kGemvTiles tiles side by side instead (a8_gemv).
 // Needs K % 4 == 0, group % 4 == 0 (or one group per row) and group <= kA8MaxGroup (int32 headroom:
 // 255 * 128 * group < 2^31).
 
@@ -117,11 +118,69 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile, int64_t m0) 
   }
 }
 
+// Batch 1: NT consecutive tiles side by side (NT memory streams per core, as gemv_tiles).
+template <int DT, int BITS, int NT>
+OCTAVO_A8_TARGET static void a8_gemv(const A8Ctx& c, int64_t tile0) {
+  const IntWeights& w = c.a->w;
+  const int G = n_groups(w);
+  const int64_t tile_stride = k_rows(w) * kQuantTile;
+  const int64_t sz_stride = (int64_t)G * kQuantTile;
+  const uint8_t* wp = w.weight + tile0 * tile_stride;
+  const float* s = w.scales + tile0 * sz_stride;
+  const float* z = w.zeros + tile0 * sz_stride;
+  const __m512i i0 = _mm512_load_si512(c.idx[0]), i1 = _mm512_load_si512(c.idx[1]), nib = _mm512_set1_epi8(15);
+  __m512 y[NT][2];
+  for (int t = 0; t < NT; ++t) y[t][0] = y[t][1] = _mm512_setzero_ps();
+  for (int g = 0; g < G; ++g) {
+    const int64_t k0 = (int64_t)g * w.group, k1 = k0 + w.group;
+    __m512i acc[NT][2];
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
+    for (int64_t k = k0; k < k1; k += 4) {
+      int32_t q4;
+      memcpy(&q4, c.xq + k, 4);
+      const __m512i xb = _mm512_set1_epi32(q4);
+      for (int t = 0; t < NT; ++t) {
+        __m512i A, B;
+        if constexpr (BITS == 8) {
+          A = _mm512_loadu_si512(wp + t * tile_stride + k * kQuantTile);
+          B = _mm512_loadu_si512(wp + t * tile_stride + (k + 2) * kQuantTile);
+        } else {
+          const __m512i p = _mm512_loadu_si512(wp + t * tile_stride + (k / 2) * kQuantTile);
+          A = _mm512_and_si512(p, nib);
+          B = _mm512_and_si512(_mm512_srli_epi16(p, 4), nib);
+        }
+        acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], _mm512_permutex2var_epi8(A, i0, B), xb);
+        acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], _mm512_permutex2var_epi8(A, i1, B), xb);
+      }
+    }
+    const __m512i xsg = _mm512_set1_epi32(c.xsum[g]);
+    for (int t = 0; t < NT; ++t) {
+      const float* sg = s + t * sz_stride + g * kQuantTile;
+      const float* zg = z + t * sz_stride + g * kQuantTile;
+      const __m512i d0 = _mm512_sub_epi32(acc[t][0], _mm512_mullo_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(zg)), xsg));
+      const __m512i d1 = _mm512_sub_epi32(acc[t][1], _mm512_mullo_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(zg + 16)), xsg));
+      y[t][0] = _mm512_fmadd_ps(_mm512_loadu_ps(sg), _mm512_cvtepi32_ps(d0), y[t][0]);
+      y[t][1] = _mm512_fmadd_ps(_mm512_loadu_ps(sg + 16), _mm512_cvtepi32_ps(d1), y[t][1]);
+    }
+  }
+  const __m512 sx = _mm512_set1_ps(c.xs[0]);
+  for (int t = 0; t < NT; ++t)
+    store_tile<DT>(*c.a, 0, (tile0 + t) * kQuantTile, F{_mm512_mul_ps(y[t][0], sx)}, F{_mm512_mul_ps(y[t][1], sx)});
+}
+
 template <int DT, int BITS>
 OCTAVO_A8_TARGET static void a8_item(void* ctx, int64_t item, int) {
   const A8Ctx& c = *(const A8Ctx*)ctx;
   const int64_t t0 = item * c.tiles_per_item, nt = n_tiles(c.a->w), m = c.a->m;
   const int64_t t1 = t0 + c.tiles_per_item < nt ? t0 + c.tiles_per_item : nt;
+  if (m == 1) {
+    int64_t t = t0;
+    for (; t + kGemvTiles <= t1; t += kGemvTiles) a8_gemv<DT, BITS, kGemvTiles>(c, t);
+    if (kGemvTiles > 2)
+      for (; t + 2 <= t1; t += 2) a8_gemv<DT, BITS, (kGemvTiles > 2 ? 2 : 1)>(c, t);
+    for (; t < t1; ++t) a8_gemv<DT, BITS, 1>(c, t);
+    return;
+  }
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
     for (; m0 + kA8Rows <= m; m0 += kA8Rows) a8_block<DT, BITS, kA8Rows>(c, t, m0);
@@ -216,6 +275,7 @@ static const char* a8_linear_dt(const IntLinearArgs& a) {
   const int64_t nt = n_tiles(a.w);
   int64_t per = nt / ((int64_t)threads * 4);
   per = per < 1 ? 1 : per > 16 ? 16 : per;
+  if (a.m == 1 && per > kGemvTiles) per -= per % kGemvTiles;  // whole multi-tile passes
   A8Ctx c{&a, xq, xs, xsum, per, {}};
   a8_index(a.w.bits, c.idx);
   const int64_t items = (nt + per - 1) / per;

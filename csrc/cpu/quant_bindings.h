@@ -102,7 +102,7 @@ inline void register_quant(py::module_& m) {
                                                                         bits, bias, num_threads, allow_amx);
           run_checked("int_linear", qk->int_linear, a);
         },
-        py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
+        py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
         py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
         py::arg("num_threads") = 0, py::arg("allow_amx") = true,
         "out [M, n] = x [M, k] @ dequant(weight).T (+ bias) for packed INT8 / INT4 weights (quant_api.h); "
@@ -117,7 +117,7 @@ inline void register_quant(py::module_& m) {
           a.input_scale = input_scale;
           run_checked("int_linear_a8", qk->int_linear_a8, a);
         },
-        py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
+        py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
         py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
         py::arg("input_scale") = 0.f, py::arg("num_threads") = 0, py::arg("allow_amx") = true,
         "out [M, n] = like int_linear, but x is first quantized to int8 per row (input_scale > 0: that "

@@ -6,7 +6,8 @@
 // Batch 1 (GEMV, memory-bound): per 32-channel tile, fp32 accumulators per scale group hold
 //   a = sum_k q[n, k] x[k]; at the group's end y += s * (a - z * sum_k x[k]) (the activation's
 //   group sums are computed once per call). Per 16 weights: one widen, one convert, one FMA;
-//   even and odd k accumulate separately (latency hiding).
+//   even and odd k accumulate separately (latency hiding); kGemvTiles tiles are read side by
+//   side (several memory streams per core).
 // Batch > 1 (GEMM): per tile and block of kMR rows, each weight vector is dequantized once,
 //   w = (q - z) * s exactly as the reference does, and reused by every row of the block.
 // Work items are runs of whole tiles (contiguous weights), handed out dynamically.
@@ -49,6 +50,7 @@ namespace quant {
 
 #if defined(OCTAVO_ISA_AVX512)
 constexpr int kMR = 8;
+constexpr int kGemvTiles = 4;  // batch 1: tiles streamed side by side (32 vector registers)
 static inline F codes8(const uint8_t* p) {
   return {_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)))};
 }
@@ -59,6 +61,7 @@ static inline void codes4(const uint8_t* p, F& lo, F& hi) {
 }
 #elif defined(OCTAVO_ISA_AVX2)
 constexpr int kMR = 2;
+constexpr int kGemvTiles = 2;
 static inline __m256i widen8(const uint8_t* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
 }
@@ -74,6 +77,7 @@ static inline void codes4(const uint8_t* p, F& lo, F& hi) {
 }
 #elif defined(OCTAVO_ISA_NEON)
 constexpr int kMR = 2;
+constexpr int kGemvTiles = 2;
 static inline F widen_u8x16(uint8x16_t b) {
   const uint16x8_t l = vmovl_u8(vget_low_u8(b)), h = vmovl_u8(vget_high_u8(b));
   F r;
@@ -91,6 +95,7 @@ static inline void codes4(const uint8_t* p, F& lo, F& hi) {
 }
 #else
 constexpr int kMR = 2;
+constexpr int kGemvTiles = 1;
 static inline F codes8(const uint8_t* p) {
   F r;
   for (int i = 0; i < 16; ++i) r.v[i] = (float)p[i];
@@ -165,63 +170,84 @@ static void store_tile(const IntLinearArgs& a, int64_t row, int64_t n0, F y0, F 
 // ------------------------------------------------------------------------------------------
 // batch 1
 
-// sum over the k rows [r0, r1) of one tile (8-bit: a row per k; 4-bit: a row per pair of k)
-template <int BITS>
-static inline void gemv_group(const uint8_t* wp, const float* x, int64_t r0, int64_t r1, F& a0, F& a1) {
-  F b0 = zero(), b1 = zero();
+// Sum over the k rows [r0, r1) of NT tiles side by side (8-bit: a row per k; 4-bit: a row per
+// pair of k). NT tiles are NT sequential streams: one stream per core leaves the memory system
+// idle between the hardware prefetcher's requests (~half the bandwidth measured), several keep
+// enough lines in flight. tile_stride: bytes from one tile's codes to the next tile's.
+template <int BITS, int NT>
+static inline void gemv_group(const uint8_t* wp, int64_t tile_stride, const float* x, int64_t r0, int64_t r1,
+                              F (&acc)[NT][2]) {
+  F b[NT][2];
+  for (int t = 0; t < NT; ++t) b[t][0] = b[t][1] = zero();
   wp += r0 * kQuantTile;
   if constexpr (BITS == 8) {
     int64_t r = r0;
     for (; r + 1 < r1; r += 2, wp += 2 * kQuantTile) {
       const F xa = bcast(x[r]), xb = bcast(x[r + 1]);
-      a0 = fma(codes8(wp), xa, a0);
-      a1 = fma(codes8(wp + 16), xa, a1);
-      b0 = fma(codes8(wp + 32), xb, b0);
-      b1 = fma(codes8(wp + 48), xb, b1);
+      for (int t = 0; t < NT; ++t) {
+        const uint8_t* p = wp + t * tile_stride;
+        acc[t][0] = fma(codes8(p), xa, acc[t][0]);
+        acc[t][1] = fma(codes8(p + 16), xa, acc[t][1]);
+        b[t][0] = fma(codes8(p + 32), xb, b[t][0]);
+        b[t][1] = fma(codes8(p + 48), xb, b[t][1]);
+      }
     }
     if (r < r1) {
       const F xa = bcast(x[r]);
-      a0 = fma(codes8(wp), xa, a0);
-      a1 = fma(codes8(wp + 16), xa, a1);
+      for (int t = 0; t < NT; ++t) {
+        acc[t][0] = fma(codes8(wp + t * tile_stride), xa, acc[t][0]);
+        acc[t][1] = fma(codes8(wp + t * tile_stride + 16), xa, acc[t][1]);
+      }
     }
   } else {
     for (int64_t r = r0; r < r1; ++r, wp += kQuantTile) {
-      F l0, h0, l1, h1;
-      codes4(wp, l0, h0);
-      codes4(wp + 16, l1, h1);
       const F xa = bcast(x[2 * r]), xb = bcast(x[2 * r + 1]);
-      a0 = fma(l0, xa, a0);
-      a1 = fma(l1, xa, a1);
-      b0 = fma(h0, xb, b0);
-      b1 = fma(h1, xb, b1);
+      for (int t = 0; t < NT; ++t) {
+        F l0, h0, l1, h1;
+        codes4(wp + t * tile_stride, l0, h0);
+        codes4(wp + t * tile_stride + 16, l1, h1);
+        acc[t][0] = fma(l0, xa, acc[t][0]);
+        acc[t][1] = fma(l1, xa, acc[t][1]);
+        b[t][0] = fma(h0, xb, b[t][0]);
+        b[t][1] = fma(h1, xb, b[t][1]);
+      }
     }
   }
-  a0 = add(a0, b0);
-  a1 = add(a1, b1);
+  for (int t = 0; t < NT; ++t) {
+    acc[t][0] = add(acc[t][0], b[t][0]);
+    acc[t][1] = add(acc[t][1], b[t][1]);
+  }
 }
 
-template <int DT, int BITS>
-static void gemv_tile(const LinearCtx& c, int64_t tile) {
+// NT consecutive tiles from tile0, batch 1
+template <int DT, int BITS, int NT>
+static void gemv_tiles(const LinearCtx& c, int64_t tile0) {
   const IntWeights& w = c.a->w;
   const int G = n_groups(w);
   const int64_t rows_per_group = BITS == 8 ? w.group : w.group / 2;
   const int64_t nrows = k_rows(w);
-  const uint8_t* wp = w.weight + tile * nrows * kQuantTile;
-  const float* s = w.scales + tile * (int64_t)G * kQuantTile;
-  const float* z = w.zeros + tile * (int64_t)G * kQuantTile;
-  F y0 = zero(), y1 = zero();
+  const int64_t tile_stride = nrows * kQuantTile;
+  const uint8_t* wp = w.weight + tile0 * tile_stride;
+  const int64_t sz_stride = (int64_t)G * kQuantTile;  // floats per tile of scales / zeros
+  const float* s = w.scales + tile0 * sz_stride;
+  const float* z = w.zeros + tile0 * sz_stride;
+  F y[NT][2];
+  for (int t = 0; t < NT; ++t) y[t][0] = y[t][1] = zero();
   for (int g = 0; g < G; ++g) {
     const int64_t r0 = g * rows_per_group;
     const int64_t r1 = g + 1 == G ? nrows : r0 + rows_per_group;
-    F a0 = zero(), a1 = zero();
-    gemv_group<BITS>(wp, c.xf, r0, r1, a0, a1);
+    F a[NT][2];
+    for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = zero();
+    gemv_group<BITS, NT>(wp, tile_stride, c.xf, r0, r1, a);
     const F xs = bcast(c.xsum[g]);
-    const float* sg = s + g * kQuantTile;
-    const float* zg = z + g * kQuantTile;
-    y0 = fma(load(sg), sub(a0, mul(load(zg), xs)), y0);
-    y1 = fma(load(sg + 16), sub(a1, mul(load(zg + 16), xs)), y1);
+    for (int t = 0; t < NT; ++t) {
+      const float* sg = s + t * sz_stride + g * kQuantTile;
+      const float* zg = z + t * sz_stride + g * kQuantTile;
+      y[t][0] = fma(load(sg), sub(a[t][0], mul(load(zg), xs)), y[t][0]);
+      y[t][1] = fma(load(sg + 16), sub(a[t][1], mul(load(zg + 16), xs)), y[t][1]);
+    }
   }
-  store_tile<DT>(*c.a, 0, tile * kQuantTile, y0, y1);
+  for (int t = 0; t < NT; ++t) store_tile<DT>(*c.a, 0, (tile0 + t) * kQuantTile, y[t][0], y[t][1]);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -288,10 +314,15 @@ static void linear_item(void* ctx, int64_t item, int) {
   const LinearCtx& c = *(const LinearCtx*)ctx;
   const int64_t t0 = item * c.tiles_per_item, nt = n_tiles(c.a->w);
   const int64_t t1 = t0 + c.tiles_per_item < nt ? t0 + c.tiles_per_item : nt;
-  for (int64_t t = t0; t < t1; ++t) {
-    if (c.a->m == 1) gemv_tile<DT, BITS>(c, t);
-    else gemm_tile<DT, BITS>(c, t);
+  if (c.a->m == 1) {
+    int64_t t = t0;
+    for (; t + kGemvTiles <= t1; t += kGemvTiles) gemv_tiles<DT, BITS, kGemvTiles>(c, t);
+    if (kGemvTiles > 2)
+      for (; t + 2 <= t1; t += 2) gemv_tiles<DT, BITS, (kGemvTiles > 2 ? 2 : 1)>(c, t);
+    for (; t < t1; ++t) gemv_tiles<DT, BITS, 1>(c, t);
+    return;
   }
+  for (int64_t t = t0; t < t1; ++t) gemm_tile<DT, BITS>(c, t);
 }
 
 // x -> fp32 rows of length kp (zero tail), and the per-group sums of each row.
@@ -343,6 +374,7 @@ static const char* linear_dt(const IntLinearArgs& a) {
   // runs of tiles long enough to stream, short enough that every thread gets several
   int64_t per = nt / ((int64_t)threads * 4);
   per = per < 1 ? 1 : per > 16 ? 16 : per;
+  if (a.m == 1 && per > kGemvTiles) per -= per % kGemvTiles;  // whole multi-tile passes
   LinearCtx c{&a, buf, buf + a.m * kp, kp, per};
   const int64_t items = (nt + per - 1) / per;
   void (*fn)(void*, int64_t, int) = a.w.bits == 8 ? &linear_item<DT, 8> : &linear_item<DT, 4>;

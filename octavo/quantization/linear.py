@@ -102,11 +102,14 @@ class QuantState:
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        tp = getattr(layer, "tp", None)  # row-parallel: partial sums, bias added once
+        d = layer.__dict__  # the attributes without nn.Module.__getattr__ per call
+        params = d["_parameters"]
+        bias = params["bias"] if "bias" in params else getattr(layer, "bias", None)
+        tp = d["tp"] if "tp" in d else getattr(layer, "tp", None)  # row-parallel: bias added once
         if tp is not None and tp.world_size > 1:
             out = tp.all_reduce(self.kernel.apply(x, self.packed, None))
-            return out if layer.bias is None else out + layer.bias
-        return self.kernel.apply(x, self.packed, layer.bias)
+            return out if bias is None else out + bias
+        return self.kernel.apply(x, self.packed, bias)
 
 
 def _rank_slice(layer: nn.Module, w: CanonicalWeight, shard: str | None) -> CanonicalWeight:

@@ -178,33 +178,29 @@ def _blas_linear(x2: torch.Tensor, packed: PackedInt) -> torch.Tensor:
     return out_t.T
 
 
-def _f32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        return bias.to(torch.float32).contiguous()
-    return bias
-
-
-def _a8_linear(x: torch.Tensor, x2: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None) -> torch.Tensor:
-    out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
-    packed.ext.int_linear_a8(x=x2, out=out, bias=_f32_bias(bias), input_scale=packed.input_scale,
-                             allow_amx=packed.amx, **packed._kw())
-    return out.view(*x.shape[:-1], packed.n)
-
-
 def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T (+ bias)`` for x [..., K] (float32 / bfloat16 / float16); the result has x's dtype."""
-    if x.shape[-1] != packed.k:
-        raise ValueError(f"int_linear: x {tuple(x.shape)} must have K={packed.k} features")
-    x2 = x.reshape(-1, packed.k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    if packed.a8:
-        return _a8_linear(x, x2, packed, bias)
-    if x2.shape[0] > GEMM_MAX_ROWS and not (packed.amx and x2.dtype == torch.bfloat16):
-        y = _blas_linear(x2, packed).contiguous()
+    """``x @ w.T (+ bias)`` for x [..., K] (float32 / bfloat16 / float16); the result has x's dtype.
+
+    Called once per quantized linear per step: the common case (x 2-D with unit inner stride)
+    takes no reshape, and the extension gets positional arguments (its keyword matching alone
+    cost about as much as a small layer's kernel)."""
+    k = packed.k
+    if x.shape[-1] != k:
+        raise ValueError(f"int_linear: x {tuple(x.shape)} must have K={k} features")
+    x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    w = packed
+    if not w.a8 and m > GEMM_MAX_ROWS and not (w.amx and x2.dtype == torch.bfloat16):
+        y = _blas_linear(x2, w).contiguous()
         if bias is not None:
             y += bias.to(x.dtype)
-        return y.view(*x.shape[:-1], packed.n)
-    out = torch.empty(x2.shape[0], packed.n, dtype=x.dtype)
-    packed.ext.int_linear(x=x2, out=out, bias=_f32_bias(bias), allow_amx=packed.amx, **packed._kw())
-    return out.view(*x.shape[:-1], packed.n)
+        return y if x2 is x else y.view(*x.shape[:-1], w.n)
+    out = torch.empty(m, w.n, dtype=x.dtype)
+    if w.a8:
+        w.ext.int_linear_a8(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias,
+                            w.input_scale, 0, w.amx)
+    else:
+        w.ext.int_linear(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias, 0, w.amx)
+    return out if x2 is x else out.view(*x.shape[:-1], w.n)

@@ -159,6 +159,27 @@ def test_threads_do_not_change_the_result():
     assert rel_err(outs[0], reference(x, q, scales, zeros)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", [64, None], ids=["g64", "row"])
+def test_batch1_multi_tile_passes(variant, bits, group):
+    """One row streams several tiles side by side: 31 tiles (the last partial) in work items that
+    end in 4-, 2- and 1-tile passes for 1, 2 and 3 threads; every thread count gives the same
+    output, close to the reference."""
+    n, k = 32 * 30 + 7, 256
+    q, scales, zeros = make_weight(n, k, group, bits, sym=False, seed=9)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    outs = []
+    for t in (1, 2, 3):
+        y = torch.empty(1, n)
+        packed.ext.int_linear(x=x, out=y, bias=bias, num_threads=t, **packed._kw())
+        outs.append(y)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert rel_err(outs[0], reference(x, q, scales, zeros) + bias) < TOL[torch.float32]
+
+
 @pytest.mark.parametrize("isa", [i for i in ("avx512", "avx2", "scalar") if i in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ())])
 def test_octavo_cpu_isa_picks_the_variant(isa, monkeypatch):
     runs = cpu_isa.usable_variants(isa)

@@ -110,6 +110,26 @@ def test_threads_do_not_change_the_result():
 
 
 @pytest.mark.skipif(not A8, reason="no kernel variant with AVX512-VNNI runs on this CPU")
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("group", [64, None], ids=["g64", "row"])
+def test_batch1_multi_tile_passes(bits, group):
+    """One row streams several tiles side by side (4-, 2- and 1-tile passes, a partial last
+    tile): the integer sums are exact, so every thread count gives the same bits and the
+    reference's result."""
+    n, k = 32 * 30 + 7, 256
+    w = make_weight(n, k, group, bits, sym=False, seed=9)
+    packed = pack(w, A8[0])
+    x = torch.randn(1, k)
+    outs = []
+    for t in (1, 2, 3):
+        out = torch.empty(1, n)
+        packed.ext.int_linear_a8(x=x, out=out, num_threads=t, **packed._kw())
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    assert rel_err(outs[0], torch_ref.int_a8_linear(x, w)) < TOL[torch.float32]
+
+
+@pytest.mark.skipif(not A8, reason="no kernel variant with AVX512-VNNI runs on this CPU")
 def test_shapes_the_kernel_cannot_run_are_refused():
     w = make_weight(40, 198, None, 8, sym=True)  # K % 4 != 0
     with pytest.raises(LookupError, match="multiples of 4"):
