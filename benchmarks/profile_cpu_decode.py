@@ -26,8 +26,8 @@ import torch
 # torch op name prefix -> bucket of the split
 BUCKETS = (
     ("linear", ("mkldnn::_linear_pointwise", "aten::linear", "aten::addmm", "aten::mm", "aten::matmul",
-                "octavo::gemv", "aten::bmm")),
-    ("attention", ("octavo::write_kv", "octavo::attention")),
+                "octavo::gemv", "aten::bmm", "octavo::int_linear")),
+    ("attention", ("octavo::write_kv", "octavo::attention", "octavo::paged_attention")),
     ("fused small ops", ("octavo::rms_norm", "octavo::rope", "octavo::silu_and_mul", "octavo::")),
     ("alloc/view", ("aten::empty", "aten::view", "aten::reshape", "aten::split", "aten::slice",
                     "aten::as_strided", "aten::select", "aten::_reshape_alias", "aten::detach",
@@ -64,6 +64,13 @@ def label_kernels(engine) -> None:
     for attr in ("_rms_norm", "_silu_and_mul", "_rope", "_gemv"):
         if getattr(cfo, attr, None) is not None:
             setattr(cfo, attr, _labelled(f"octavo::{attr.lstrip('_')}", getattr(cfo, attr)))
+    for attr in ("rms_norm", "silu_and_mul", "rope", "gemv", "write_kv", "paged_attention"):
+        # the lean decoder-layer step (models/cpu_decode_layer.py) calls the extension directly
+        setattr(cfo._ext, attr, _labelled(f"octavo::{attr}", getattr(cfo._ext, attr)))
+    from octavo.quantization.kernels import cpu_int
+
+    if hasattr(cpu_int, "int_linear"):
+        cpu_int.int_linear = _labelled("octavo::int_linear", cpu_int.int_linear)
     for layer in engine.core.runner.model.attention_layers():
         impl = layer.impl
         for attr in ("_attention", "_write_kv"):
@@ -76,7 +83,8 @@ def make_engine(args):
     from octavo.engine.llm_engine import LLMEngine
 
     ea = EngineArgs(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                    enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs)
+                    enforce_eager=args.enforce_eager, max_num_seqs=args.max_num_seqs,
+                    quantization=args.quantization)
     return LLMEngine.from_engine_args(ea)
 
 
@@ -145,6 +153,7 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--quantization", default=None, help="e.g. int8 (online); a quantized --model needs none")
     p.add_argument("--skip-cprofile", action="store_true")
     p.add_argument("--no-gemv", action="store_true", help="oneDNN for every linear (the GEMV's baseline)")
     args = p.parse_args()

@@ -12,6 +12,8 @@ Same API as ``octavo.models.fused_ops`` (the GPU versions).
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from octavo.cpu_isa import load_extension
@@ -146,6 +148,14 @@ def select_linear_kernels(model, policy: str) -> None:
         w = m.__dict__.get("_parameters", {}).get("weight")
         if w is not None and w.dim() == 2 and w.shape[0] % 16 == 0 and w.shape[1] % 2 == 0:
             m.__dict__["_octavo_use_gemv"] = True
+
+
+def attach_layer_paths(model) -> None:
+    """Llama-family decoder layers run their step without the module tree in between
+    (``cpu_decode_layer``: the same kernels in the same order, the same output)."""
+    from octavo.models import cpu_decode_layer
+
+    cpu_decode_layer.attach(model, sys.modules[__name__])
 
 
 def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:

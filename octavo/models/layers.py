@@ -50,6 +50,9 @@ def bind_fused_ops(model: nn.Module, kind: str, decode_gemv: str = "off") -> Mod
     select = getattr(ops, "select_linear_kernels", None)
     if select is not None and decode_gemv != "off":
         select(model, decode_gemv)
+    attach = getattr(ops, "attach_layer_paths", None)
+    if attach is not None:
+        attach(model)
     return ops
 
 

@@ -46,6 +46,8 @@ class Attention(nn.Module):
 
 
 class LlamaAttention(nn.Module):
+    lean_cpu_step: ClassVar[bool] = True  # models/cpu_decode_layer.py reproduces forward
+
     def __init__(
         self, cfg, backend: type[AttentionBackend], dtype: torch.dtype, max_position: int,
         sliding_window: int | None = None,
@@ -90,6 +92,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    lean_cpu_step: ClassVar[bool] = True  # models/cpu_decode_layer.py reproduces forward
+
     def __init__(self, cfg, intermediate_size: int | None = None):
         super().__init__()
         act = getattr(cfg, "hidden_act", "silu")
@@ -105,6 +109,8 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    lean_cpu_step: ClassVar[bool] = True  # models/cpu_decode_layer.py reproduces forward
+
     def __init__(
         self, cfg, backend, dtype, max_position, mlp: nn.Module | None = None, sliding_window: int | None = None
     ):
@@ -115,6 +121,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, positions, hidden, residual, attn_metadata):
+        lean = self.__dict__.get("lean_forward")  # the CPU's (models/cpu_decode_layer.py)
+        if lean is not None and (out := lean(positions, hidden, residual, attn_metadata)) is not None:
+            return out
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)

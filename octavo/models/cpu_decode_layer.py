@@ -1,0 +1,210 @@
+"""A Llama-family decoder layer's step on the CPU without the module tree in between.
+
+At decode sizes a layer's kernels (RMSNorm, QKV, RoPE, KV write + attention, O, RMSNorm,
+gate/up, SiLU·mul, down: all C++ on the CPU) take ~0.4 ms for SmolLM2-135M, and the Python
+between them took another ~0.1 ms per layer: seven ``nn.Module`` calls, each op's "may I use
+the fused kernel" checks, the linear dispatch chain, a wrapper per kernel. Measured on a 2-core
+Xeon, 2 threads, batch 1: that Python was ~3 ms of an 18 ms step (more than its own run time
+suggests: the interpreter runs with caches the kernels just flushed).
+
+``LeanLlamaLayer`` calls the same C++ kernels with the same arguments in the same order as the
+module path (``cpu_fused_ops``' wrappers, the quantized layers' kernels, the attention's
+``write_kv_and_attend``), so its output is the module path's bit for bit (tested). It resolves
+once per layer what the module path re-derives on every call: the submodules, which linears
+run the bf16 GEMV (with its packed weight, remade if the weight is replaced or modified in
+place). It runs where the fused kernels' per-call conditions hold (bf16 or fp16 activations,
+no autograd, not tracing; activations and norm weights contiguous) and the layer has nothing
+it does not reproduce (checked once: classes marked ``lean_cpu_step``, one tensor-parallel
+rank, RoPE over the whole head without length-dependent tables, the CPU paged attention);
+otherwise the module path runs.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from octavo.attention.backend import KVGroupMetadata
+from octavo.attention.backends.cpu_paged import (
+    CpuPagedMetadata,
+    build_cpu_metadata,
+    write_kv_and_attend,
+)
+
+ENABLED = True  # False: every layer takes the module path (comparisons, tests)
+
+
+def _single_rank(module: nn.Module) -> bool:
+    tp = module.__dict__.get("tp")
+    return tp is None or tp.world_size == 1
+
+
+def _reproduced(module: nn.Module) -> bool:
+    """The module's own class (not a subclass) says this path reproduces its forward."""
+    return bool(type(module).__dict__.get("lean_cpu_step"))
+
+
+def _why_not(layer: nn.Module) -> str | None:
+    """Why ``layer`` must keep the module path (None: the lean path applies)."""
+    from octavo.attention.backends.cpu_paged import CpuPagedImpl
+
+    attn, mlp = layer.self_attn, layer.mlp
+    if not (_reproduced(layer) and _reproduced(attn) and _reproduced(mlp)):
+        return "not the standard decoder layer, attention and MLP"
+    if type(attn.attn.impl) is not CpuPagedImpl:
+        return "attention is not the CPU paged kernel"
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    if not all(_single_rank(m) for m in linears):
+        return "tensor parallel"
+    rope = attn.rotary_emb
+    if rope.inv_freq_by_len is not None or rope.cos.shape[-1] != attn.head_dim:
+        return "RoPE tables depend on the length or rotate part of the head"
+    return None
+
+
+def _module_linear(cfo: ModuleType, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layers.linear`` for a layer whose fused kernels are ``cfo`` (the CPU's)."""
+    quant = module.__dict__.get("quant_state")
+    if quant is not None:
+        return quant.apply(module, x)
+    if cfo.linear_usable(module, x):
+        return cfo.linear(module, x)
+    return module(x)
+
+
+def _gemv_plan(cfo: ModuleType, module: nn.Module):
+    """(weight, its version, packed copy) where the module path runs this linear through the
+    bf16 GEMV at decode sizes (the checks of ``cpu_fused_ops.linear``), else None."""
+    d = module.__dict__
+    w = d["_parameters"].get("weight")  # a quantized layer has none
+    if d.get("quant_state") is not None or w is None or w.dtype is not torch.bfloat16:
+        return None
+    if not (cfo.GEMV and cfo.linear_usable(module, w) and d.get("_octavo_use_gemv")):
+        return None
+    packed = cfo._gemv_weight(module, w)
+    if packed is None or d.get("_octavo_no_gemv"):
+        return None
+    return w, w._version, packed
+
+
+class LeanLlamaLayer:
+    """``LlamaDecoderLayer.forward`` for the CPU (see the module docstring); ``__call__``
+    returns None where the module path must run.
+
+    Parameters are read from the modules on every call; the packed GEMV copy of a linear's
+    weight is remade when that weight was replaced or modified in place."""
+
+    _UNSET = object()
+
+    def __init__(self, layer: nn.Module, cfo: ModuleType) -> None:
+        self.layer, self.cfo, self.ext = layer, cfo, cfo._ext
+        self.why_not = _why_not(layer)
+        if self.why_not is not None:
+            return
+        attn, mlp = layer.self_attn, layer.mlp
+        # the module tree is fixed: submodules resolved once
+        self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
+        self.qk_norm = (attn.q_norm, attn.k_norm) if attn.qk_norm else None
+        self.linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        self.gemv = [self._UNSET] * 4
+        self.rope, self.attn_layer = attn.rotary_emb, attn.attn
+        self.split = [attn.q_size, attn.kv_size, attn.kv_size]
+        self.heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.q_size)
+
+    def __call__(self, positions, hidden, residual, attn_metadata):
+        cfo, ext = self.cfo, self.ext
+        if (
+            self.why_not is not None
+            or not (ENABLED and cfo.usable(hidden))
+            or hidden.dim() != 2
+            or not hidden.is_contiguous()
+        ):
+            return None
+        w1, w2 = self.norm1._parameters["weight"], self.norm2._parameters["weight"]
+        if not (w1.is_contiguous() and w2.is_contiguous()) or (
+            residual is not None and not residual.is_contiguous()
+        ):
+            return None  # the C++ kernels read them as they are; the module path copies
+        t, dim, dt = hidden.shape[0], hidden.shape[1], hidden.dtype
+        small = t <= cfo.GEMV_MAX_ROWS
+        x = torch.empty((t, dim), dtype=dt)
+        if residual is None:
+            ext.rms_norm(x=hidden, weight=w1, out=x, eps=self.norm1.eps)
+            residual = hidden
+        else:
+            r = torch.empty((t, dim), dtype=dt)
+            ext.rms_norm(
+                x=hidden, weight=w1, out=x, eps=self.norm1.eps, residual=residual, residual_out=r
+            )
+            residual = r
+        a = self._attention(positions, x, attn_metadata, small)
+        x = torch.empty((t, dim), dtype=dt)
+        r = torch.empty((t, dim), dtype=dt)
+        ext.rms_norm(x=a, weight=w2, out=x, eps=self.norm2.eps, residual=residual, residual_out=r)
+        gate_up = self._linear(2, x, small)
+        h = torch.empty((t, gate_up.shape[1] // 2), dtype=dt)
+        ext.silu_and_mul(x=gate_up, out=h)
+        return self._linear(3, h, small), r
+
+    def _linear(self, i: int, x: torch.Tensor, small: bool) -> torch.Tensor:
+        module, ext = self.linears[i], self.ext
+        if small and x.dtype is torch.bfloat16:
+            g = self.gemv[i]
+            params = module._parameters
+            if g is not None and (
+                g is self._UNSET or params["weight"] is not g[0] or g[0]._version != g[1]
+            ):
+                g = self.gemv[i] = _gemv_plan(self.cfo, module)
+            bias = params.get("bias")
+            if g is not None and (bias is None or bias.dtype is torch.bfloat16):
+                out = torch.empty((x.shape[0], g[2].shape[0] * 16), dtype=x.dtype)
+                ext.gemv(x=x, weight=g[2], out=out, bias=bias)
+                return out
+        return _module_linear(self.cfo, module, x)
+
+    def _attention(self, positions, x, attn_metadata, small: bool):
+        cfo, ext = self.cfo, self.ext
+        qkv = self._linear(0, x, small)
+        t, dt = qkv.shape[0], qkv.dtype
+        nh, nkv, hd, q_size = self.heads
+        q, k, v = qkv.split(self.split, dim=-1)
+        q = q.view(t, nh, hd)
+        k = k.view(t, nkv, hd)
+        v = v.view(t, nkv, hd)
+        if self.qk_norm is not None:  # Qwen3's per-head norms (the wrapper: q, k are strided views)
+            qn, kn = self.qk_norm
+            q = cfo.rms_norm(q, qn._parameters["weight"], qn.eps)
+            k = cfo.rms_norm(k, kn._parameters["weight"], kn.eps)
+        if positions.dtype is not torch.int64 or not positions.is_contiguous():
+            positions = positions.to(torch.int64).contiguous()
+        q_rot = torch.empty((t, nh, hd), dtype=dt)
+        k_rot = torch.empty((t, nkv, hd), dtype=dt)
+        tables = self.rope._buffers
+        ext.rope(positions=positions, q=q, k=k, cos=tables["cos"], sin=tables["sin"], q_out=q_rot, k_out=k_rot)
+        layer = self.attn_layer
+        md = attn_metadata
+        if md.__class__ is KVGroupMetadata:
+            md = md.groups[layer.kv_group]
+        if md.__class__ is not CpuPagedMetadata:
+            md = build_cpu_metadata(md)
+        impl = layer.impl
+        out = write_kv_and_attend(
+            impl._ext, q_rot, k_rot, v, layer.kv_cache, md.slot_mapping[: md.num_actual_tokens],
+            md.query_start_loc, md.seq_lens, md.block_table, impl.scale, impl._window, impl._soft_cap,
+        )
+        return self._linear(1, out.view(t, q_size), small)
+
+
+def attach(model: nn.Module, cfo: ModuleType) -> int:
+    """Give every decoder layer of ``model`` whose class is marked ``lean_cpu_step`` its lean
+    path over the CPU's fused kernels ``cfo``; returns how many can take it (the others keep
+    the reason in ``why_not``)."""
+    n = 0
+    for m in model.modules():
+        if _reproduced(m) and hasattr(m, "self_attn") and hasattr(m, "mlp"):
+            lean = LeanLlamaLayer(m, cfo)
+            m.__dict__["lean_forward"] = lean
+            n += lean.why_not is None
+    return n
