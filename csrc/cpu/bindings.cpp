@@ -34,6 +34,7 @@ static const Kernels* kern() {
 namespace octavo {
 namespace OCTAVO_ISA_NS {
 void gemv_bf16(const GemvArgs& a);  // gemv.cpp
+bool gemv_amx_supported();          // gemv.cpp
 }
 }  // namespace octavo
 
@@ -154,5 +155,8 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         },
         py::kw_only(), py::arg("x"), py::arg("weight"), py::arg("out"), py::arg("bias") = py::none(),
         py::arg("num_threads") = 0,
-        "out [m, n] = x [m, k] @ W^T (+ bias), bf16, W packed [n / 16, k / 2, 16, 2] (see gemv.h).");
+        "out [m, n] = x [m, k] @ W^T (+ bias), bf16, W packed [n / 16, k / 2, 16, 2] (see gemv.h); "
+        "5+ rows with k % 32 == 0 run on AMX where gemv_amx() (gemv_amx.h).");
+  m.def("gemv_amx", &octavo::OCTAVO_ISA_NS::gemv_amx_supported,
+        "Whether gemv runs batches of 5+ rows (k % 32 == 0) on AMX tiles on this CPU.");
 }

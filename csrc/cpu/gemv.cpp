@@ -2,6 +2,7 @@
 // No std:: templates here (several ISA variants may be linked into one binary).
 #include "api.h"
 #include "gemv.h"
+#include "gemv_amx.h"
 #include "vec.h"
 
 namespace octavo {
@@ -74,12 +75,23 @@ void gemv_item(void* ctx, int64_t item, int) {
 // Work items of whole 16-row blocks: at least ~8 per thread (dynamic hand-out evens out
 // threads that share a core with other work), at most 16 blocks (a 4-block tile x 4).
 void gemv_bf16(const GemvArgs& a) {
+#if OCTAVO_GEMV_AMX
+  if (gemv_amx(a)) return;  // 5+ rows, K % 32 == 0, AMX usable here
+#endif
   GemvJob j{&a, 1, a.n / 16};
   const int threads = threading::resolve_threads(a.num_threads);
   while (j.groups_per_item < 16 && j.n_blocks / (j.groups_per_item * 2) >= 8 * (int64_t)threads)
     j.groups_per_item *= 2;
   const int64_t items = (j.n_blocks + j.groups_per_item - 1) / j.groups_per_item;
   threading::parallel_run(items, threads, &gemv_item, &j);
+}
+
+bool gemv_amx_supported() {
+#if OCTAVO_GEMV_AMX
+  return gemv_amx_ready();
+#else
+  return false;
+#endif
 }
 
 }  // namespace OCTAVO_ISA_NS

@@ -128,7 +128,6 @@ class LeanLlamaLayer:
         ):
             return None  # the C++ kernels read them as they are; the module path copies
         t, dim, dt = hidden.shape[0], hidden.shape[1], hidden.dtype
-        small = t <= cfo.GEMV_MAX_ROWS
         x = torch.empty((t, dim), dtype=dt)
         if residual is None:
             ext.rms_norm(x=hidden, weight=w1, out=x, eps=self.norm1.eps)
@@ -139,18 +138,18 @@ class LeanLlamaLayer:
                 x=hidden, weight=w1, out=x, eps=self.norm1.eps, residual=residual, residual_out=r
             )
             residual = r
-        a = self._attention(positions, x, attn_metadata, small)
+        a = self._attention(positions, x, attn_metadata)
         x = torch.empty((t, dim), dtype=dt)
         r = torch.empty((t, dim), dtype=dt)
         ext.rms_norm(x=a, weight=w2, out=x, eps=self.norm2.eps, residual=residual, residual_out=r)
-        gate_up = self._linear(2, x, small)
+        gate_up = self._linear(2, x)
         h = torch.empty((t, gate_up.shape[1] // 2), dtype=dt)
         ext.silu_and_mul(x=gate_up, out=h)
-        return self._linear(3, h, small), r
+        return self._linear(3, h), r
 
-    def _linear(self, i: int, x: torch.Tensor, small: bool) -> torch.Tensor:
+    def _linear(self, i: int, x: torch.Tensor) -> torch.Tensor:
         module, ext = self.linears[i], self.ext
-        if small and x.dtype is torch.bfloat16:
+        if x.dtype is torch.bfloat16 and self.cfo.gemv_rows(x.shape[0], x.shape[1]):
             g = self.gemv[i]
             params = module._parameters
             if g is not None and (
@@ -164,9 +163,9 @@ class LeanLlamaLayer:
                 return out
         return _module_linear(self.cfo, module, x)
 
-    def _attention(self, positions, x, attn_metadata, small: bool):
+    def _attention(self, positions, x, attn_metadata):
         cfo, ext = self.cfo, self.ext
-        qkv = self._linear(0, x, small)
+        qkv = self._linear(0, x)
         t, dt = qkv.shape[0], qkv.dtype
         nh, nkv, hd, q_size = self.heads
         q, k, v = qkv.split(self.split, dim=-1)
@@ -194,7 +193,7 @@ class LeanLlamaLayer:
             impl._ext, q_rot, k_rot, v, layer.kv_cache, md.slot_mapping[: md.num_actual_tokens],
             md.query_start_loc, md.seq_lens, md.block_table, impl.scale, impl._window, impl._soft_cap,
         )
-        return self._linear(1, out.view(t, q_size), small)
+        return self._linear(1, out.view(t, q_size))
 
 
 def attach(model: nn.Module, cfo: ModuleType) -> int:

@@ -31,7 +31,7 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
     default_block_size = 16
     fused_op_kernels = "cpu"
-    decode_gemv = "table"  # octavo's bf16 GEMV for linears at <= 4 rows (OCTAVO_DECODE_GEMV=off: oneDNN)
+    decode_gemv = "table"  # octavo's bf16 GEMV for linears at <= 4 rows, <= 64 with AMX (OCTAVO_DECODE_GEMV=off: oneDNN)
     # fp8 checkpoints run emulated (weights dequantized, activations rounded through float8
     # casts): correct but not faster; online fp8 is refused (int8 is the CPU's online method).
     supported_quantization = ("awq", "compressed-tensors", "fp8", "gptq", "int8")
@@ -145,6 +145,9 @@ class CpuPlatform(Platform):
         if not hasattr(ext, "gemv") or cls.decode_gemv_policy() == "off":
             return "oneDNN with prepacked weights"
         dot = ", VDPBF16PS" if ext.BF16_DOT else ""
+        if getattr(ext, "gemv_amx", lambda: False)():
+            return (f"octavo bf16 GEMV ({ext.ISA}{dot}; 2-64 rows on AMX tiles) at decode batch sizes, "
+                    "oneDNN with prepacked weights above")
         return f"octavo bf16 GEMV ({ext.ISA}{dot}) at decode batch sizes, oneDNN with prepacked weights above"
 
     @classmethod

@@ -33,7 +33,7 @@ def _check(out, x, w, b):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9, 17, 33, 64])  # with AMX: 2+ rows in 16/32-row tiles
 @pytest.mark.parametrize(("n", "k"), [(16, 2), (48, 64), (576, 576), (3072, 576), (576, 1536), (4112, 256)])
 def test_gemv_matches_torch(variant, m, n, k):
     ext = cpu_isa.load_variant(variant)
@@ -75,10 +75,11 @@ def test_linear_uses_the_gemv_at_decode_sizes_and_follows_weight_updates(monkeyp
     real = cfo.gemv
     monkeypatch.setattr(cfo, "gemv", lambda *a: calls.append(a[0].shape) or real(*a))
     with torch.inference_mode():
-        for m in (1, 4, 16):
+        for m in (1, 4, 16, cfo.GEMV_AMX_MAX_ROWS + 1):
             x = torch.randn(m, 256).to(torch.bfloat16)
             _check(layers.linear(lin, x), x, lin.weight, lin.bias)
-        assert calls == [torch.Size([1, 256]), torch.Size([4, 256])]  # 16 rows: oneDNN
+        amx = [torch.Size([16, 256])] if cfo.GEMV_AMX else []  # else 16 rows: oneDNN
+        assert calls == [torch.Size([1, 256]), torch.Size([4, 256]), *amx]  # 65 rows: oneDNN
         lin.weight.mul_(2)  # in place: the packed copy is rebuilt
         x = torch.randn(2, 256).to(torch.bfloat16)
         _check(layers.linear(lin, x), x, lin.weight, lin.bias)
