@@ -11,7 +11,8 @@ and the median per-round ratio of each to the first checkout (the baseline)::
     python benchmarks/compare_checkouts.py --rounds 4 /tmp/base . -- \\
         --num-prompts 256 --input-len 128 --output-len 128 --threads 2
 
-Everything after ``--`` goes to ``octavo bench throughput``.
+Everything after ``--`` goes to ``octavo bench throughput`` (run from a scratch directory: give
+absolute paths).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def run_once(checkout: str, bench_args: list[str]) -> dict:
         load = os.getloadavg()[0]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # cwd: not a checkout (python -m puts the working directory first on sys.path)
+        subprocess.run(cmd, env=env, cwd=tmp, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         with open(out) as f:
