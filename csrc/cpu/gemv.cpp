@@ -88,7 +88,7 @@ void gemv_bf16(const GemvArgs& a) {
 
 bool gemv_amx_supported() {
 #if OCTAVO_GEMV_AMX
-  return gemv_amx_ready();
+  return amx::tiles_ready();
 #else
   return false;
 #endif

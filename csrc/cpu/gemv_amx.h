@@ -14,10 +14,7 @@
 
 #if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
 #define OCTAVO_GEMV_AMX 1
-#include <cpuid.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 #else
 #define OCTAVO_GEMV_AMX 0
 #endif
@@ -33,37 +30,11 @@ namespace OCTAVO_ISA_NS {
 constexpr int64_t kGemvAmxMinRows = 2;  // below this the register GEMV is faster
 #define OCTAVO_GEMV_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 
-// AMX present and this process allowed to use its tile registers (asked once; idempotent).
-static bool gemv_amx_ready() {
-  static int state = -1;
-  if (state < 0) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 24)) && (d & (1u << 22));
-    // ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): Linux >= 5.16
-    state = cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }
-  return state == 1;
-}
-
-struct GemvAmxConfig {  // the LDTILECFG operand (palette 1)
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 // tiles: 0 C(rows 0-15, block 0), 1 C(rows 0-15, block 1), 2 C(rows 16-31, block 0),
 // 3 C(rows 16-31, block 1), 4 A(rows 0-15), 5 A(rows 16-31), 6 B(block 0), 7 B(block 1)
-OCTAVO_GEMV_AMX_TARGET static void gemv_amx_configure(int r0, int r1) {
-  GemvAmxConfig cfg;
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
+static void gemv_amx_configure(int r0, int r1) {
   const uint8_t rows[8] = {(uint8_t)r0, (uint8_t)r0, (uint8_t)r1, (uint8_t)r1, (uint8_t)r0, (uint8_t)r1, 16, 16};
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = rows[t];
-    cfg.colsb[t] = rows[t] ? 64 : 0;
-  }
-  // the whole 64-byte operand (GCC 12's _tile_loadconfig names only its first 8 bytes)
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  amx::configure(rows);
 }
 
 struct GemvAmxJob {
@@ -126,7 +97,7 @@ OCTAVO_GEMV_AMX_TARGET static void gemv_amx_item(void* ctx, int64_t item, int) {
 
 // The AMX path for ``a`` if it applies here (rows, K a multiple of 32, AMX usable): true when done.
 static bool gemv_amx(const GemvArgs& a) {
-  if (a.m < kGemvAmxMinRows || a.k % 32 || !gemv_amx_ready()) return false;
+  if (a.m < kGemvAmxMinRows || a.k % 32 || !amx::tiles_ready()) return false;
   GemvAmxJob j{&a, 2, a.n / 16};
   const int threads = threading::resolve_threads(a.num_threads);
   while (j.blocks_per_item < 16 && j.n_blocks / (j.blocks_per_item * 2) >= 4 * (int64_t)threads)

@@ -22,23 +22,7 @@ constexpr int kAmxMinRows = 5;    // below this the register-blocked GEMM/GEMV i
 constexpr int64_t kAmxBufBytes = 512 << 10;  // dequantized tiles per work item (in L2)
 #define OCTAVO_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 
-struct AmxConfig {  // the LDTILECFG operand (palette 1)
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// AMX present and this process allowed to use its tile registers (asked once; idempotent).
-static bool amx_ready() {
-  static int state = -1;
-  if (state < 0) {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool cpu = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 24)) && (d & (1u << 22));
-    // ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18): Linux >= 5.16
-    state = cpu && syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-  }
-  return state == 1;
-}
+static bool amx_ready() { return amx::tiles_ready(); }
 
 static inline bool amx_applies(const IntLinearArgs& a) {
   const IntWeights& w = a.w;
@@ -91,19 +75,11 @@ static void dequant_pairs(const IntWeights& w, int64_t tile, int64_t k32, uint16
   memset(dst, 0, (size_t)(k32 / 2 - real_pairs) * 128);
 }
 
-OCTAVO_AMX_TARGET static void amx_configure(int mb) {
-  AmxConfig cfg;
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.palette = 1;
+static void amx_configure(int mb) {
   const int r0 = mb < 16 ? mb : 16, r1 = mb - r0;
   const uint8_t rows[8] = {(uint8_t)r0, (uint8_t)r0, (uint8_t)r1, (uint8_t)r1,  // C00 C01 C10 C11
                            (uint8_t)r0, (uint8_t)r1, 16, 16};                   // A0 A1 B0 B1
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = rows[t];
-    cfg.colsb[t] = rows[t] ? 64 : 0;
-  }
-  // the whole 64-byte operand (GCC 12's _tile_loadconfig names only its first 8 bytes)
-  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  amx::configure(rows);
 }
 
 // rows [m0, m0 + mb) x one tile's 32 channels; bt: the tile's dequantized pairs

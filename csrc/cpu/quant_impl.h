@@ -26,9 +26,7 @@
 // AMX batches (quant_amx.h): only in the AVX512-BF16 build, on x86-64 Linux (tile-state permission)
 #if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
 #define OCTAVO_QUANT_AMX 1
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 #else
 #define OCTAVO_QUANT_AMX 0
 #endif
