@@ -12,7 +12,7 @@
 // with their nibbles split) are regrouped into two registers of 16 channels x 4 consecutive k
 // by VPERMT2B, and each row's 4 activation bytes (broadcast) meet them in VPDPBUSD (u8 x s8).
 // Rows are processed in blocks of up to kA8Rows (8) sharing every regrouped weight register;
-// a single row streams kGemvTiles tiles side by side instead (a8_gemv).
+// a single row streams kGemvTiles tiles side by side instead (a8_block's NT).
 // Needs K % 4 == 0, group % 4 == 0 (or one group per row) and group <= kA8MaxGroup (int32 headroom:
 // 255 * 128 * group < 2^31).
 
@@ -64,108 +64,71 @@ static void a8_index(int bits, uint8_t (&idx)[2][64]) {
   }
 }
 
-template <int DT, int BITS, int MR>
-OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile, int64_t m0) {
+// Rows [m0, m0 + MR) x tiles [tile0, tile0 + NT): the MR rows share every regrouped weight
+// register (batches: NT = 1); the NT tiles are NT memory streams per core (one row: MR = 1,
+// as gemv_tiles).
+template <int DT, int BITS, int MR, int NT>
+OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0) {
   const IntWeights& w = c.a->w;
   const int G = n_groups(w);
-  const int64_t K = w.k;
-  const uint8_t* wp = w.weight + tile * k_rows(w) * kQuantTile;
-  const float* s = w.scales + tile * (int64_t)G * kQuantTile;
-  const float* z = w.zeros + tile * (int64_t)G * kQuantTile;
-  const __m512i i0 = _mm512_load_si512(c.idx[0]), i1 = _mm512_load_si512(c.idx[1]), nib = _mm512_set1_epi8(15);
-  const int8_t* xr[MR];
-  for (int i = 0; i < MR; ++i) xr[i] = c.xq + (m0 + i) * K;
-  __m512 y[MR][2];
-  for (int i = 0; i < MR; ++i) y[i][0] = y[i][1] = _mm512_setzero_ps();
-  for (int g = 0; g < G; ++g) {
-    const int64_t k0 = (int64_t)g * w.group, k1 = k0 + w.group;
-    __m512i acc[MR][2];
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
-    for (int64_t k = k0; k < k1; k += 4) {
-      __m512i A, B;
-      if constexpr (BITS == 8) {
-        A = _mm512_loadu_si512(wp + k * kQuantTile);
-        B = _mm512_loadu_si512(wp + (k + 2) * kQuantTile);
-      } else {
-        const __m512i p = _mm512_loadu_si512(wp + (k / 2) * kQuantTile);
-        A = _mm512_and_si512(p, nib);
-        B = _mm512_and_si512(_mm512_srli_epi16(p, 4), nib);
-      }
-      const __m512i w0 = _mm512_permutex2var_epi8(A, i0, B), w1 = _mm512_permutex2var_epi8(A, i1, B);
-      for (int i = 0; i < MR; ++i) {
-        int32_t q4;
-        memcpy(&q4, xr[i] + k, 4);
-        const __m512i xb = _mm512_set1_epi32(q4);
-        acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], w0, xb);
-        acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], w1, xb);
-      }
-    }
-    // exact d = sum q xq - z sum xq (z is an integer code), then y += w_scale * float(d)
-    const __m512i z0 = _mm512_cvtps_epi32(_mm512_loadu_ps(z + g * kQuantTile));
-    const __m512i z1 = _mm512_cvtps_epi32(_mm512_loadu_ps(z + g * kQuantTile + 16));
-    const __m512 s0 = _mm512_loadu_ps(s + g * kQuantTile), s1 = _mm512_loadu_ps(s + g * kQuantTile + 16);
-    for (int i = 0; i < MR; ++i) {
-      const __m512i xsg = _mm512_set1_epi32(c.xsum[(m0 + i) * G + g]);
-      const __m512i d0 = _mm512_sub_epi32(acc[i][0], _mm512_mullo_epi32(z0, xsg));
-      const __m512i d1 = _mm512_sub_epi32(acc[i][1], _mm512_mullo_epi32(z1, xsg));
-      y[i][0] = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(d0), y[i][0]);
-      y[i][1] = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(d1), y[i][1]);
-    }
-  }
-  for (int i = 0; i < MR; ++i) {
-    const __m512 sx = _mm512_set1_ps(c.xs[m0 + i]);
-    store_tile<DT>(*c.a, m0 + i, tile * kQuantTile, F{_mm512_mul_ps(y[i][0], sx)}, F{_mm512_mul_ps(y[i][1], sx)});
-  }
-}
-
-// Batch 1: NT consecutive tiles side by side (NT memory streams per core, as gemv_tiles).
-template <int DT, int BITS, int NT>
-OCTAVO_A8_TARGET static void a8_gemv(const A8Ctx& c, int64_t tile0) {
-  const IntWeights& w = c.a->w;
-  const int G = n_groups(w);
-  const int64_t tile_stride = k_rows(w) * kQuantTile;
-  const int64_t sz_stride = (int64_t)G * kQuantTile;
+  const int64_t K = w.k, tile_stride = k_rows(w) * kQuantTile, sz_stride = (int64_t)G * kQuantTile;
   const uint8_t* wp = w.weight + tile0 * tile_stride;
   const float* s = w.scales + tile0 * sz_stride;
   const float* z = w.zeros + tile0 * sz_stride;
   const __m512i i0 = _mm512_load_si512(c.idx[0]), i1 = _mm512_load_si512(c.idx[1]), nib = _mm512_set1_epi8(15);
-  __m512 y[NT][2];
-  for (int t = 0; t < NT; ++t) y[t][0] = y[t][1] = _mm512_setzero_ps();
+  const int8_t* xr[MR];
+  for (int i = 0; i < MR; ++i) xr[i] = c.xq + (m0 + i) * K;
+  __m512 y[MR][NT][2];
+  for (int i = 0; i < MR; ++i)
+    for (int t = 0; t < NT; ++t) y[i][t][0] = y[i][t][1] = _mm512_setzero_ps();
   for (int g = 0; g < G; ++g) {
     const int64_t k0 = (int64_t)g * w.group, k1 = k0 + w.group;
-    __m512i acc[NT][2];
-    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_si512();
+    __m512i acc[MR][NT][2];
+    for (int i = 0; i < MR; ++i)
+      for (int t = 0; t < NT; ++t) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_si512();
     for (int64_t k = k0; k < k1; k += 4) {
-      int32_t q4;
-      memcpy(&q4, c.xq + k, 4);
-      const __m512i xb = _mm512_set1_epi32(q4);
       for (int t = 0; t < NT; ++t) {
+        const uint8_t* wt = wp + t * tile_stride;
         __m512i A, B;
         if constexpr (BITS == 8) {
-          A = _mm512_loadu_si512(wp + t * tile_stride + k * kQuantTile);
-          B = _mm512_loadu_si512(wp + t * tile_stride + (k + 2) * kQuantTile);
+          A = _mm512_loadu_si512(wt + k * kQuantTile);
+          B = _mm512_loadu_si512(wt + (k + 2) * kQuantTile);
         } else {
-          const __m512i p = _mm512_loadu_si512(wp + t * tile_stride + (k / 2) * kQuantTile);
+          const __m512i p = _mm512_loadu_si512(wt + (k / 2) * kQuantTile);
           A = _mm512_and_si512(p, nib);
           B = _mm512_and_si512(_mm512_srli_epi16(p, 4), nib);
         }
-        acc[t][0] = _mm512_dpbusd_epi32(acc[t][0], _mm512_permutex2var_epi8(A, i0, B), xb);
-        acc[t][1] = _mm512_dpbusd_epi32(acc[t][1], _mm512_permutex2var_epi8(A, i1, B), xb);
+        const __m512i w0 = _mm512_permutex2var_epi8(A, i0, B), w1 = _mm512_permutex2var_epi8(A, i1, B);
+        for (int i = 0; i < MR; ++i) {
+          int32_t q4;
+          memcpy(&q4, xr[i] + k, 4);
+          const __m512i xb = _mm512_set1_epi32(q4);
+          acc[i][t][0] = _mm512_dpbusd_epi32(acc[i][t][0], w0, xb);
+          acc[i][t][1] = _mm512_dpbusd_epi32(acc[i][t][1], w1, xb);
+        }
       }
     }
-    const __m512i xsg = _mm512_set1_epi32(c.xsum[g]);
+    // exact d = sum q xq - z sum xq (z is an integer code), then y += w_scale * float(d)
     for (int t = 0; t < NT; ++t) {
-      const float* sg = s + t * sz_stride + g * kQuantTile;
       const float* zg = z + t * sz_stride + g * kQuantTile;
-      const __m512i d0 = _mm512_sub_epi32(acc[t][0], _mm512_mullo_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(zg)), xsg));
-      const __m512i d1 = _mm512_sub_epi32(acc[t][1], _mm512_mullo_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(zg + 16)), xsg));
-      y[t][0] = _mm512_fmadd_ps(_mm512_loadu_ps(sg), _mm512_cvtepi32_ps(d0), y[t][0]);
-      y[t][1] = _mm512_fmadd_ps(_mm512_loadu_ps(sg + 16), _mm512_cvtepi32_ps(d1), y[t][1]);
+      const float* sg = s + t * sz_stride + g * kQuantTile;
+      const __m512i z0 = _mm512_cvtps_epi32(_mm512_loadu_ps(zg)), z1 = _mm512_cvtps_epi32(_mm512_loadu_ps(zg + 16));
+      const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16);
+      for (int i = 0; i < MR; ++i) {
+        const __m512i xsg = _mm512_set1_epi32(c.xsum[(m0 + i) * G + g]);
+        const __m512i d0 = _mm512_sub_epi32(acc[i][t][0], _mm512_mullo_epi32(z0, xsg));
+        const __m512i d1 = _mm512_sub_epi32(acc[i][t][1], _mm512_mullo_epi32(z1, xsg));
+        y[i][t][0] = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(d0), y[i][t][0]);
+        y[i][t][1] = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(d1), y[i][t][1]);
+      }
     }
   }
-  const __m512 sx = _mm512_set1_ps(c.xs[0]);
-  for (int t = 0; t < NT; ++t)
-    store_tile<DT>(*c.a, 0, (tile0 + t) * kQuantTile, F{_mm512_mul_ps(y[t][0], sx)}, F{_mm512_mul_ps(y[t][1], sx)});
+  for (int i = 0; i < MR; ++i) {
+    const __m512 sx = _mm512_set1_ps(c.xs[m0 + i]);
+    for (int t = 0; t < NT; ++t)
+      store_tile<DT>(*c.a, m0 + i, (tile0 + t) * kQuantTile, F{_mm512_mul_ps(y[i][t][0], sx)},
+                     F{_mm512_mul_ps(y[i][t][1], sx)});
+  }
 }
 
 template <int DT, int BITS>
@@ -174,24 +137,20 @@ OCTAVO_A8_TARGET static void a8_item(void* ctx, int64_t item, int) {
   const int64_t t0 = item * c.tiles_per_item, nt = n_tiles(c.a->w), m = c.a->m;
   const int64_t t1 = t0 + c.tiles_per_item < nt ? t0 + c.tiles_per_item : nt;
   if (m == 1) {
-    int64_t t = t0;
-    for (; t + kGemvTiles <= t1; t += kGemvTiles) a8_gemv<DT, BITS, kGemvTiles>(c, t);
-    if (kGemvTiles > 2)
-      for (; t + 2 <= t1; t += 2) a8_gemv<DT, BITS, (kGemvTiles > 2 ? 2 : 1)>(c, t);
-    for (; t < t1; ++t) a8_gemv<DT, BITS, 1>(c, t);
+    tile_passes(t0, t1, [&](auto n, int64_t t) { a8_block<DT, BITS, 1, decltype(n)::value>(c, t, 0); });
     return;
   }
   for (int64_t t = t0; t < t1; ++t) {
     int64_t m0 = 0;
-    for (; m0 + kA8Rows <= m; m0 += kA8Rows) a8_block<DT, BITS, kA8Rows>(c, t, m0);
+    for (; m0 + kA8Rows <= m; m0 += kA8Rows) a8_block<DT, BITS, kA8Rows, 1>(c, t, m0);
     switch (m - m0) {
-      case 1: a8_block<DT, BITS, 1>(c, t, m0); break;
-      case 2: a8_block<DT, BITS, 2>(c, t, m0); break;
-      case 3: a8_block<DT, BITS, 3>(c, t, m0); break;
-      case 4: a8_block<DT, BITS, 4>(c, t, m0); break;
-      case 5: a8_block<DT, BITS, 5>(c, t, m0); break;
-      case 6: a8_block<DT, BITS, 6>(c, t, m0); break;
-      case 7: a8_block<DT, BITS, 7>(c, t, m0); break;
+      case 1: a8_block<DT, BITS, 1, 1>(c, t, m0); break;
+      case 2: a8_block<DT, BITS, 2, 1>(c, t, m0); break;
+      case 3: a8_block<DT, BITS, 3, 1>(c, t, m0); break;
+      case 4: a8_block<DT, BITS, 4, 1>(c, t, m0); break;
+      case 5: a8_block<DT, BITS, 5, 1>(c, t, m0); break;
+      case 6: a8_block<DT, BITS, 6, 1>(c, t, m0); break;
+      case 7: a8_block<DT, BITS, 7, 1>(c, t, m0); break;
       default: break;
     }
   }

@@ -307,17 +307,26 @@ static void gemm_tile(const LinearCtx& c, int64_t tile) {
   }
 }
 
+template <int N> struct Tiles { static constexpr int value = N; };
+
+// Tiles [t0, t1) of a single row in passes of kGemvTiles side by side, then 2, then 1:
+// pass(Tiles<n>(), first tile) (the batch-1 kernels of this file and quant_a8.h).
+template <class Pass>
+static inline void tile_passes(int64_t t0, int64_t t1, Pass&& pass) {
+  int64_t t = t0;
+  for (; t + kGemvTiles <= t1; t += kGemvTiles) pass(Tiles<kGemvTiles>(), t);
+  if (kGemvTiles > 2)
+    for (; t + 2 <= t1; t += 2) pass(Tiles<(kGemvTiles > 2 ? 2 : 1)>(), t);
+  for (; t < t1; ++t) pass(Tiles<1>(), t);
+}
+
 template <int DT, int BITS>
 static void linear_item(void* ctx, int64_t item, int) {
   const LinearCtx& c = *(const LinearCtx*)ctx;
   const int64_t t0 = item * c.tiles_per_item, nt = n_tiles(c.a->w);
   const int64_t t1 = t0 + c.tiles_per_item < nt ? t0 + c.tiles_per_item : nt;
   if (c.a->m == 1) {
-    int64_t t = t0;
-    for (; t + kGemvTiles <= t1; t += kGemvTiles) gemv_tiles<DT, BITS, kGemvTiles>(c, t);
-    if (kGemvTiles > 2)
-      for (; t + 2 <= t1; t += 2) gemv_tiles<DT, BITS, (kGemvTiles > 2 ? 2 : 1)>(c, t);
-    for (; t < t1; ++t) gemv_tiles<DT, BITS, 1>(c, t);
+    tile_passes(t0, t1, [&](auto n, int64_t t) { gemv_tiles<DT, BITS, decltype(n)::value>(c, t); });
     return;
   }
   for (int64_t t = t0; t < t1; ++t) gemm_tile<DT, BITS>(c, t);
