@@ -79,14 +79,10 @@ def _gemv_plan(cfo: ModuleType, module: nn.Module):
     bf16 GEMV at decode sizes (the checks of ``cpu_fused_ops.linear``), else None."""
     d = module.__dict__
     w = d["_parameters"].get("weight")  # a quantized layer has none
-    if d.get("quant_state") is not None or w is None or w.dtype is not torch.bfloat16:
+    if d.get("quant_state") is not None or w is None or not cfo.linear_usable(module, w):
         return None
-    if not (cfo.GEMV and cfo.linear_usable(module, w) and d.get("_octavo_use_gemv")):
-        return None
-    packed = cfo._gemv_weight(module, w)
-    if packed is None or d.get("_octavo_no_gemv"):
-        return None
-    return w, w._version, packed
+    packed = cfo.gemv_packed(module, w, torch.bfloat16)
+    return None if packed is None else (w, w._version, packed)
 
 
 class LeanLlamaLayer:

@@ -190,6 +190,15 @@ def _gemv_weight(owner, weight: torch.Tensor) -> torch.Tensor | None:
     return cache[1]
 
 
+def gemv_packed(layer, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The GEMV's packed copy of ``layer``'s weight ``w`` for activations of ``dtype``, or None
+    where the GEMV does not serve this layer (not selected, not packable, another dtype)."""
+    d = layer.__dict__
+    if not (GEMV and d.get("_octavo_use_gemv")) or d.get("_octavo_no_gemv") or w.dtype != dtype:
+        return None
+    return _gemv_weight(layer, w)
+
+
 def gemv(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W.T (+ bias)`` for bf16 ``x`` [..., K] and ``W`` packed by ``pack_gemv_weight``."""
     k = x.shape[-1]
@@ -214,8 +223,8 @@ def linear(layer, x: torch.Tensor, weight: torch.Tensor | None = None, bias: tor
     if torch.compiler.is_compiling():
         return _compiled_linear(d, x, w, b)
     k = x.shape[-1]
-    if GEMV and gemv_rows(x.numel() // k, k) and d.get("_octavo_use_gemv") and not d.get("_octavo_no_gemv"):
-        packed = _gemv_weight(layer, w) if w.dtype == x.dtype else None
+    if gemv_rows(x.numel() // k, k):
+        packed = gemv_packed(layer, w, x.dtype)
         if packed is not None and (b is None or b.dtype == x.dtype):
             return gemv(x, packed, b)
     packed = _packed(layer, w) if w.dtype == x.dtype else None
