@@ -189,14 +189,14 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
         raise ValueError(f"int_linear: x {tuple(x.shape)} must have K={k} features")
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k).contiguous()
     m = x2.shape[0]
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()
     w = packed
     if not w.a8 and m > GEMM_MAX_ROWS and not (w.amx and x2.dtype == torch.bfloat16):
         y = _blas_linear(x2, w).contiguous()
         if bias is not None:
             y += bias.to(x.dtype)
         return y if x2 is x else y.view(*x.shape[:-1], w.n)
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()  # the kernels add a float32 bias
     out = torch.empty(m, w.n, dtype=x.dtype)
     if w.a8:
         w.ext.int_linear_a8(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias,
