@@ -118,7 +118,7 @@ def _check_triton(device: str, dtype, segments: int, window, cap, tol: float) ->
     from octavo.attention.ops.paged_attention import paged_attention
     from octavo.attention.ops.paged_attention import write_kv as triton_write_kv
 
-    seqs = SEQS if segments == 1 else [(100, 1), (47, 1), (3, 1)]  # split-KV is decode-only
+    seqs = SEQS if segments == 1 else [(100, 1), (47, 3), (3, 2)]  # split-KV: decode and verify chunks
     kw = dict(num_heads=4, num_kv_heads=2, head_size=32, block_size=BS, dtype=dtype, seed=1)
     q, k, v, cache, md = make_batch(seqs, **kw)  # the same data on the CPU for the reference
     ref = dense_reference(q, k, v, cache, md, 32**-0.5, window, cap)

@@ -76,6 +76,23 @@ def test_split_kv_decode_interpreted():
 
 
 @pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_split_kv_short_query_chunks_interpreted():
+    # Speculative verify steps: a few query tokens per request (causal within the chunk).
+    seqs = [(100, 3), (64, 2), (5, 4), (47, 1)]
+    check(seqs, heads=4, kv_heads=2, head_size=32, block_size=16, dtype=torch.float32,
+          device="cpu", segments=4, tile=16)
+
+
+def test_split_policy_covers_verify_chunks_not_prefill():
+    from octavo.attention.backends.triton_paged import SPLIT_MAX_QUERY_LEN, num_kv_segments
+
+    assert num_kv_segments(1, 8, 1, 4096) > 1
+    assert num_kv_segments(1, 8, 5, 4096) == num_kv_segments(1, 8, 1, 4096)
+    assert num_kv_segments(1, 8, SPLIT_MAX_QUERY_LEN + 1, 4096) == 1
+    assert num_kv_segments(1, 8, 2, 100) == 1  # short contexts: not worth the reduction
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
 def test_padding_slots_are_not_written_interpreted():
     from octavo.attention.ops.paged_attention import write_kv
 
@@ -148,7 +165,8 @@ def test_split_kv_gpu(dtype, segments):
 
     rng = np.random.default_rng(segments)
     for head_size in (64, 128, 256):
-        seqs = [(int(rng.integers(0, 3000)), 1) for _ in range(int(rng.integers(1, 6)))]
+        # decodes and speculative-verify chunks (a few query tokens)
+        seqs = [(int(rng.integers(0, 3000)), int(rng.integers(1, 9))) for _ in range(int(rng.integers(1, 6)))]
         seqs.append((0, 1))
         check(seqs, heads=32, kv_heads=8, head_size=head_size, block_size=16, dtype=dtype,
               device="cuda", segments=segments, seed=segments * head_size)

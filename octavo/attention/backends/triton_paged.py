@@ -4,8 +4,8 @@ KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size
 ``torch_ref``, so the two backends can be checked against each other on one cache.
 
 Per layer ``forward`` launches one KV-write kernel and one attention kernel over the whole
-mixed batch (prefill chunks and decodes together); decode-only steps with few requests and long
-contexts take the split-KV variant (one more small reduction launch). Nothing here reads a
+mixed batch (prefill chunks and decodes together); steps of decodes or short verify chunks with
+few requests and long contexts take the split-KV variant (one more small reduction launch). Nothing here reads a
 device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's
 shapes depend only on (num tokens, num requests), and the split decision only on static facts.
 """
@@ -24,15 +24,17 @@ from octavo.attention.backend import (
     metadata_from_common,
 )
 
-# Split-KV (flash-decoding) policy: split decode steps whose (requests x KV heads) programs
-# would leave most of the GPU idle, once contexts are long enough to pay for the reduction.
+# Split-KV (flash-decoding) policy: split decode and speculative-verify steps (a few query
+# tokens per request) whose (requests x KV heads) programs would leave most of the GPU idle,
+# once contexts are long enough to pay for the reduction.
 SPLIT_MIN_SEQ_LEN = 512
+SPLIT_MAX_QUERY_LEN = 8
 SPLIT_TARGET_PROGRAMS = 256
 SPLIT_MAX_SEGMENTS = 16
 
 
 def num_kv_segments(num_reqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int) -> int:
-    if max_query_len != 1 or max_seq_len < SPLIT_MIN_SEQ_LEN:
+    if max_query_len > SPLIT_MAX_QUERY_LEN or max_seq_len < SPLIT_MIN_SEQ_LEN:
         return 1
     programs = num_reqs * num_kv_heads
     segments = 1
