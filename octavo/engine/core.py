@@ -15,7 +15,10 @@ Speculative decoding (``speculative_config``): after each step the proposer draf
 every running request that is decoding (``Request.spec_token_ids``); the next step verifies
 them. It runs with synchronous scheduling: the drafts of step N+1 are proposed from step N's
 accepted tokens, which async scheduling would not have yet, so async scheduling is turned off
-(logged) when both are configured.
+(logged) when both are configured. On an accelerator a draft model's or EAGLE head's drafts
+stay on the device: the scheduler gets placeholders (it needs only their number), and the host
+schedules and stages the verifying step while the draft passes still run
+(``octavo.spec_decode.device_drafts``).
 """
 
 from __future__ import annotations

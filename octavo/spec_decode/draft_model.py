@@ -172,10 +172,18 @@ class DraftModel:
         return self.attn_backend.build_metadata(group_metadata[0])
 
     # -- proposing ------------------------------------------------------------------------
-    @torch.inference_mode()
     def propose(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> list[list[int]]:
         """Up to ``num_drafts[i]`` (1..k) greedy drafts after the known tokens of ``rows[i]``
         of the ``InputBatch`` ``batch``; every known token but the last is computed by the target."""
+        drafts, counts = self.propose_on_device(batch, rows, num_drafts)
+        host = drafts.cpu().numpy()
+        return [host[i, : int(n)].tolist() for i, n in enumerate(counts)]
+
+    @torch.inference_mode()
+    def propose_on_device(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """``propose`` without reading the drafts back: (``[len(rows), W]`` drafts on the device,
+        draft count of each row); row ``i``'s drafts are its first ``counts[i]`` entries. The
+        passes are queued; nothing here waits for the device."""
         n_known = batch.num_tokens[rows]
         fresh = self.serial[rows] != batch.serial[rows]
         start = np.where(fresh, 0, np.minimum(self.computed[rows], n_known - 1))
@@ -189,8 +197,7 @@ class DraftModel:
             self._write_next(batch, p, drafts, active, j)
         self.computed[rows] = np.minimum(n_known, batch.num_blocks[rows] * self.block_size)
         self.serial[rows] = batch.serial[rows]
-        host = drafts.cpu().numpy()
-        return [host[i, : int(n)].tolist() for i, n in enumerate(num_drafts)]
+        return drafts, num_drafts
 
     def _catch_up(self, batch, rows, start: np.ndarray, n_known: np.ndarray, drafts: torch.Tensor) -> None:
         """Known tokens ``start[i]:n_known[i]`` of each row, in passes of at most

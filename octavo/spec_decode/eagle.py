@@ -119,33 +119,31 @@ class EagleDrafter(DraftModel):
 
     # -- 2. propose -----------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> list[list[int]]:
-        """Up to ``num_drafts[i]`` greedy drafts after the known tokens of ``rows[i]``; none for
-        a row whose kept output is not of its current context."""
+    def propose_on_device(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """Up to ``num_drafts[i]`` greedy drafts after the known tokens of ``rows[i]``, on the
+        device (see ``DraftModel.propose_on_device``); none for a row whose kept output is not of
+        its current context."""
         fresh = (self.kept_step[rows] == self.steps) & (self.kept_serial[rows] == batch.serial[rows])
-        k = np.where(fresh, num_drafts, 0)
-        out: list[list[int]] = [[] for _ in range(len(rows))]
-        sel = np.nonzero(k > 0)[0]
+        counts = np.where(fresh, num_drafts, 0)
+        drafts = torch.full((len(rows), max(int(counts.max()), 1)), -1, dtype=torch.int64, device=self.device)
+        sel = np.nonzero(counts > 0)[0]
         if not len(sel):
-            return out
-        r, n, k = rows[sel], batch.num_tokens[rows[sel]], k[sel]
+            return drafts, counts
+        r, n, k = rows[sel], batch.num_tokens[rows[sel]], counts[sel]
         dev = self.transfer.to_device
+        rows_out = dev(sel)
         g = self.kept[dev(r)]
-        drafts = torch.full((len(sel), int(k.max())), -1, dtype=torch.int64, device=self.device)
-        drafts[:, 0] = self._argmax(g)
-        for j in range(1, drafts.shape[1]):
+        drafts[rows_out, 0] = self._argmax(g)
+        for j in range(1, int(k.max())):
             active = np.nonzero(k > j)[0]
             a = dev(active)
             pos = n[active] - 2 + j
-            p = _Pass(r[active], drafts[a, j - 1], pos, np.ones(len(active), dtype=np.int64), pos + 1,
+            p = _Pass(r[active], drafts[rows_out[a], j - 1], pos, np.ones(len(active), dtype=np.int64), pos + 1,
                       hidden=g[a])
             g_next = self._forward(batch, p)
             g[a] = g_next
-            drafts[a, j] = self._argmax(g_next)
-        host = drafts.cpu().numpy()
-        for i, s in enumerate(sel.tolist()):
-            out[s] = host[i, : int(k[i])].tolist()
-        return out
+            drafts[rows_out[a], j] = self._argmax(g_next)
+        return drafts, counts
 
     def _argmax(self, g: torch.Tensor) -> torch.Tensor:
         return self.model.greedy(g)

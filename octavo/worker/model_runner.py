@@ -40,6 +40,7 @@ from octavo.core.sampler import (
 from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
+from octavo.spec_decode.device_drafts import DeviceDrafts, grid_drafts_from_inputs
 from octavo.spec_decode.rejection_sampler import (
     DraftLayout,
     layout_structure,
@@ -118,6 +119,13 @@ class ModelRunner:
             from octavo.spec_decode.eagle import EagleDrafter
 
             self.drafter = self.eagle = EagleDrafter(config, platform, self.device, self.transfer)
+        # On an accelerator the drafter's drafts stay on the device until verified (the
+        # scheduler gets placeholders): see octavo.spec_decode.device_drafts.
+        self.device_drafts = None
+        if self.drafter is not None and not self.transfer.host:
+            self.device_drafts = DeviceDrafts(config.scheduler_config.max_num_seqs, spec.num_speculative_tokens,
+                                              self.device, self.transfer)
+        self._step_device_drafts: tuple[np.ndarray, np.ndarray] | None = None  # (rows, counts) this step
 
     # -- setup ----------------------------------------------------------------------------
     def _choose_attn_backend(self) -> tuple[type, list]:
@@ -291,8 +299,25 @@ class ModelRunner:
             row = batch.row_of[c.req_id]
             batch.append_block_ids(row, c.new_block_ids)
             batch.num_computed[row] = c.num_computed_tokens
-        for rid, drafts in so.scheduled_spec_decode_tokens.items():
+        spec, on_device = so.scheduled_spec_decode_tokens, {}
+        if self.device_drafts is not None:
+            spec, on_device = DeviceDrafts.split(spec)
+        for rid, drafts in spec.items():
             batch.write_drafts(batch.row_of[rid], drafts)
+        self._step_device_drafts = self._device_draft_rows(on_device) if on_device else None
+
+    def _device_draft_rows(self, on_device: dict[str, int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows, counts) of this step's drafts that stay on the device; the drafts of rows whose
+        sampling reads their history on the host (penalties, bad words) are read back here."""
+        batch = self.input_batch
+        rows = np.fromiter((batch.row_of[r] for r in on_device), dtype=np.int64, count=len(on_device))
+        counts = np.fromiter(on_device.values(), dtype=np.int64, count=len(on_device))
+        host = batch.has_penalty[rows] | batch.has_bad_words[rows]
+        if host.any():
+            for row, drafts in zip(rows[host], self.device_drafts.materialize(rows[host], counts[host]), strict=True):
+                batch.write_drafts(int(row), drafts)
+            rows, counts = rows[~host], counts[~host]
+        return (rows, counts) if len(rows) else None
 
     def _prepare_inputs(self, so: SchedulerOutput) -> StepInputs:
         batch = self.input_batch
@@ -340,6 +365,8 @@ class ModelRunner:
             tables = [t[rows, :max_blocks] for t in batch.block_tables]
             mds, inputs = self._host_inputs(token_ids, positions, slot_mappings, qsl, seq_lens, tables, int(n.max()))
         self._apply_fixup(inputs[0], fixup)
+        if self._step_device_drafts is not None:
+            self.device_drafts.write_inputs(inputs[0], rows, qsl, *self._step_device_drafts)
         if num_drafts is None:
             num_drafts = np.zeros(len(req_ids), dtype=np.int64)
         return StepInputs(req_ids, rows, inputs[0], inputs[1], mds[0], mds, sample_mask, has_pending,
@@ -489,11 +516,12 @@ class ModelRunner:
             sampled_t = tp.broadcast(sampled_t.to(torch.int64).contiguous(), src=0)
         sampled_t = sampled_t.to(torch.int64)
         emitted = emitted_host = None
-        if layout is not None and self.transfer.host:  # the tokens are in host memory already
+        if layout is not None and self.transfer.host and self.device_drafts is None:  # tokens in host memory
             emitted = emitted_host = torch.from_numpy(verify_one_hot_drafts_host(sampled_t.numpy(), layout))
-        elif layout is not None:
+        elif layout is not None:  # the drafts as the forward read them (device drafts included)
             dev = self.transfer.to_device
-            emitted = verify_one_hot_drafts(sampled_t, dev(layout.grid), dev(layout.grid_drafts))
+            drafts = grid_drafts_from_inputs(step.input_ids, step.logits_indices, layout.grid, layout.counts, dev)
+            emitted = verify_one_hot_drafts(sampled_t, dev(layout.grid), drafts)
             emitted_host = self.transfer.to_host_async(emitted)
         lp_host = num_lp = None
         if out is not None and out.logprobs is not None:
@@ -548,7 +576,10 @@ class ModelRunner:
         req_ids = list(num_drafts)
         rows = np.fromiter((self.input_batch.row_of[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
         counts = np.fromiter(num_drafts.values(), dtype=np.int64, count=len(req_ids))
-        drafts = self.drafter.propose(self.input_batch, rows, counts)
+        if self.device_drafts is None:
+            drafts = self.drafter.propose(self.input_batch, rows, counts)
+        else:  # nothing waits for the draft passes: the next step is staged meanwhile
+            drafts = self.device_drafts.keep(rows, *self.drafter.propose_on_device(self.input_batch, rows, counts))
         return dict(zip(req_ids, drafts, strict=True))
 
     def _pending(self) -> SampledTokens | None:

@@ -183,15 +183,16 @@ def _drafts_with_plain_steps_between(path: str, spec: dict, eager: bool) -> tupl
               enforce_eager=eager)
     assert (llm.llm_engine.core.runner.graph_runner is None) == eager
     drafter, seen, calls = llm.llm_engine.core.runner.drafter, [], [0]
-    propose = drafter.propose
+    propose = drafter.propose_on_device  # what the runner calls on a GPU
 
     def every_other(batch, rows, num_drafts):
         calls[0] += 1
-        drafts = propose(batch, rows, num_drafts)
-        seen.append(drafts)
-        return drafts if calls[0] % 2 else [[] for _ in drafts]
+        drafts, counts = propose(batch, rows, num_drafts)
+        host = drafts.cpu().numpy()
+        seen.append([host[i, : int(n)].tolist() for i, n in enumerate(counts)])
+        return (drafts, counts) if calls[0] % 2 else (drafts, 0 * counts)
 
-    drafter.propose = every_other
+    drafter.propose_on_device = every_other
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
     llm.shutdown()
