@@ -63,6 +63,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=3)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--max-num-seqs", type=int, default=8, help="batch 1 is measured: few graphs to capture")
+    p.add_argument("--host-drafts", action="store_true",
+                   help="draft model / EAGLE: read the drafts back to the host after each proposal "
+                        "(the path before drafts stayed on the device), for a same-build A/B")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="after timing: host time per phase of each mode, and a torch.profiler trace and "
+                        "kernel/op tables of a few steps of each mode, written to DIR")
     return p.parse_args()
 
 
@@ -147,6 +153,69 @@ def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tu
     return times, counts
 
 
+# Host phases of a step (label, attribute path from the LLMEngine, method); the draft's are
+# skipped where the engine has no such part. Phases nest (``propose`` holds the draft's).
+PHASES = [
+    ("step", "", "step"),
+    ("schedule", "core", "_schedule"),
+    ("execute_model", "core.executor", "execute_model"),
+    ("prepare_inputs", "core.runner", "_prepare_inputs"),
+    ("sample", "core.runner", "_sample"),
+    ("update_from_output", "core.scheduler", "update_from_output"),
+    ("propose", "core", "_propose_drafts"),
+    ("draft_catch_up", "core.runner.drafter", "_catch_up"),
+    ("draft_block_table", "core.runner.drafter", "_block_table"),
+    ("draft_forward", "core.runner.drafter", "_forward"),
+    ("draft_stage", "core.runner.drafter.step_buffers", "stage"),
+    ("draft_replay", "core.runner.drafter.graph_runner", "replay"),
+    ("draft_logits", "core.runner.drafter.model", "compute_logits"),
+    ("target_replay", "core.runner.graph_runner", "replay"),
+]
+
+
+def profile_modes(llm, modes: dict, args: argparse.Namespace, out: Path) -> None:
+    """Per mode: host microseconds per step of each phase (no added synchronization), then a
+    torch.profiler trace of a few steps with its kernel and host-op tables."""
+    from profile_spec_step import Timers
+    from torch.profiler import ProfilerActivity, profile
+
+    from octavo.platforms import current_platform
+
+    out.mkdir(parents=True, exist_ok=True)
+    engine, core = llm.llm_engine, llm.llm_engine.core
+    timers = Timers()
+    for label, path, attr in PHASES:
+        owner = engine
+        for part in filter(None, path.split(".")):
+            owner = getattr(owner, part, None)
+        if owner is not None and hasattr(owner, attr):
+            setattr(owner, attr, timers.wrap(label, getattr(owner, attr)))
+    report = {}
+    for mode, proposer in modes.items():
+        core.proposer = proposer
+        _head_active(llm, mode != "plain")
+        for _ in range(2):
+            engine.step()
+        current_platform.synchronize()
+        timers.engine = mode
+        for _ in range(args.steps):
+            engine.step()
+        current_platform.synchronize()
+        timers.engine = None
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(8):
+                engine.step()
+            current_platform.synchronize()
+        prof.export_chrome_trace(str(out / f"trace_{mode}.json"))
+        (out / f"ops_{mode}.txt").write_text(
+            prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
+            + prof.key_averages().table(sort_by="self_device_time_total", row_limit=25))
+        report[mode] = {label: round(1e6 * statistics.median(v), 1) for label, v in timers.calls[mode].items()}
+        report[mode] = {k: (report[mode][k], round(1e6 * timers.totals[mode][k] / args.steps, 1)) for k in report[mode]}
+    print("PROFILE " + json.dumps(report))
+    (out / "phases.json").write_text(json.dumps(report, indent=1))
+
+
 def main() -> int:
     args = parse_args()
     from bench_cuda import SHAPES
@@ -154,6 +223,8 @@ def main() -> int:
     from octavo.platforms import current_platform
 
     llm = make_engine(args, Path(tempfile.mkdtemp()))
+    if args.host_drafts:
+        llm.llm_engine.core.runner.device_drafts = None
     vocab = SHAPES[args.shape]["vocab_size"]
     spec_mode = "eagle3" if args.eagle3 else "eagle" if args.eagle else "draft" if args.draft_shape else "verify"
     real = args.draft_shape or args.eagle or args.eagle3
@@ -161,13 +232,20 @@ def main() -> int:
     modes = {"plain": _FixedDrafts(0, vocab), spec_mode: speculating}
     if llm.llm_engine.core.runner.graph_runner is not None:  # same run: verify steps without graphs
         modes[f"{spec_mode}_eager_verify"] = speculating
+    gr = llm.llm_engine.core.runner.graph_runner
+    full_plan = gr.plan if gr is not None else None
     times, counts = time_modes(llm, modes, args, vocab)
+    if args.profile:
+        if gr is not None:
+            gr.plan = full_plan
+        profile_modes(llm, {m: p for m, p in modes.items() if not m.endswith("_eager_verify")}, args,
+                      Path(args.profile))
     plain_s, spec_s = statistics.median(times["plain"]), statistics.median(times[spec_mode])
     ratio = spec_s / plain_s
     speedup = {f"acceptance_{int(a * 100)}": sum(a**i for i in range(args.k + 1)) / ratio for a in (0.5, 0.8)}
     drafted, accepted = counts[spec_mode]
     print("RESULT " + json.dumps({
-        "shape": args.shape, "draft_shape": args.draft_shape, "eagle": args.eagle, "eagle3": args.eagle3, "k": args.k, "device": current_platform.name,
+        "shape": args.shape, "draft_shape": args.draft_shape, "host_drafts": args.host_drafts, "eagle": args.eagle, "eagle3": args.eagle3, "k": args.k, "device": current_platform.name,
         "target_graphs": llm.llm_engine.core.runner.graph_runner is not None,
         "draft_graphs": getattr(llm.llm_engine.core.runner.drafter, "graph_runner", None) is not None,
         "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,
