@@ -70,6 +70,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--host-drafts", action="store_true",
                    help="draft model / EAGLE: read the drafts back to the host after each proposal "
                         "(the path before drafts stayed on the device), for a same-build A/B")
+    p.add_argument("--no-in-step", action="store_true",
+                   help="draft model: propose after each step's read-back (drafts still kept on the device) "
+                        "instead of queueing the draft's passes inside the step")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="after timing: host time per phase of each mode, and a torch.profiler trace and "
                         "kernel/op tables of a few steps of each mode, written to DIR")
@@ -112,12 +115,17 @@ def write_eagle_head(shape: str, root: Path, eagle3: bool = False) -> Path:
     return d
 
 
-def _head_active(llm, active: bool) -> None:
-    """An eagle engine's plain mode leaves the head idle (no pass over the step's tokens)."""
+def _head_active(llm, active: bool, in_step: bool = True) -> None:
+    """Plain mode leaves the drafter idle: an eagle engine's head makes no pass over the step's
+    tokens, a draft model queues no passes inside the step (``in_step``: whether the speculating
+    mode does)."""
     runner = llm.llm_engine.core.runner
-    if runner.drafter is None or not hasattr(runner.drafter, "absorb"):
+    if runner.drafter is None:
         return
-    runner.eagle = runner.drafter if active else None
+    if hasattr(runner.drafter, "absorb"):
+        runner.eagle = runner.drafter if active else None
+    else:
+        runner.drafter.in_step.enabled = active and in_step
 
 
 def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tuple[dict, dict]:
@@ -142,7 +150,7 @@ def time_modes(llm, proposers: dict, args: argparse.Namespace, vocab: int) -> tu
             core.proposer = proposer
             if gr is not None:
                 gr.plan = plans[mode]
-            _head_active(llm, mode != "plain")
+            _head_active(llm, mode != "plain", not args.no_in_step)
             engine.step()  # the first step of a block verifies the previous block's drafts
             s0 = engine.get_stats()
             # One timing per block: work a step leaves queued (device drafts) overlaps the next
@@ -199,7 +207,7 @@ def profile_modes(llm, modes: dict, args: argparse.Namespace, out: Path) -> None
     report = {}
     for mode, proposer in modes.items():
         core.proposer = proposer
-        _head_active(llm, mode != "plain")
+        _head_active(llm, mode != "plain", not args.no_in_step)
         for _ in range(2):
             engine.step()
         current_platform.synchronize()
@@ -229,6 +237,7 @@ def main() -> int:
     from octavo.platforms import current_platform
 
     llm = make_engine(args, Path(tempfile.mkdtemp()))
+    drafter = llm.llm_engine.core.runner.drafter
     if args.host_drafts:
         llm.llm_engine.core.runner.device_drafts = None
     vocab = SHAPES[args.shape]["vocab_size"]
@@ -251,7 +260,8 @@ def main() -> int:
     speedup = {f"acceptance_{int(a * 100)}": sum(a**i for i in range(args.k + 1)) / ratio for a in (0.5, 0.8)}
     drafted, accepted = counts[spec_mode]
     print("RESULT " + json.dumps({
-        "shape": args.shape, "draft_shape": args.draft_shape, "host_drafts": args.host_drafts, "eagle": args.eagle, "eagle3": args.eagle3, "k": args.k, "device": current_platform.name,
+        "shape": args.shape, "draft_shape": args.draft_shape, "host_drafts": args.host_drafts,
+        "in_step_launches": getattr(getattr(drafter, "in_step", None), "launches", None), "eagle": args.eagle, "eagle3": args.eagle3, "k": args.k, "device": current_platform.name,
         "target_graphs": llm.llm_engine.core.runner.graph_runner is not None,
         "draft_graphs": getattr(llm.llm_engine.core.runner.drafter, "graph_runner", None) is not None,
         "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,

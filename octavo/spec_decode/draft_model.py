@@ -44,6 +44,7 @@ import torch
 from octavo.attention.backend import CommonAttentionMetadata
 from octavo.config import ModelConfig, OctavoConfig
 from octavo.distributed.parallel_state import get_tp
+from octavo.spec_decode.draft_in_step import InStepLauncher
 
 logger = logging.getLogger(__name__)
 
@@ -102,14 +103,20 @@ class DraftModel:
         max_rows = config.scheduler_config.max_num_seqs
         self.num_rows = max_rows
         self.computed = np.zeros(max_rows, dtype=np.int64)  # draft K/V valid below this position
+        # Draft K/V valid below this position counting the drafts fed after the known tokens
+        # (where they landed in the row's own blocks): the in-step catch-up (``draft_in_step``)
+        # reuses those of the accepted drafts.
+        self.fed = np.zeros(max_rows, dtype=np.int64)
         self.serial = np.full(max_rows, -1, dtype=np.int64)  # the row occupancy ``computed`` is of
         self.model = None
         self.kv_caches: list[torch.Tensor] = []
         self.num_blocks = 0
         self.max_blocks_per_req = -(-self.max_model_len // self.block_size)
-        # Accelerators: persistent inputs and captured single-token passes (None on the CPU).
+        # Accelerators: persistent inputs and captured passes (None on the CPU): single-token
+        # passes, and the in-step catch-up's two tokens per row (``draft_in_step``).
         self.step_buffers = None
         self.graph_runner = None
+        self.in_step = InStepLauncher(self)
 
     # -- setup ----------------------------------------------------------------------------
     def load(self, target=None) -> None:
@@ -151,9 +158,10 @@ class DraftModel:
         if mode == "none":
             logger.info("draft model graphs: none (%s)", reason)
             return
-        self.graph_runner = GraphRunner(self, capture_sizes(sc.max_num_seqs))
+        self.graph_runner = GraphRunner(self, capture_sizes(sc.max_num_seqs), (2,))
         self.graph_runner.capture()
-        logger.info("draft model graphs: %s for single-token passes in %.1fs, pool %.0f MiB", mode,
+        logger.info("draft model graphs: %s for single-token and in-step catch-up passes in %.1fs, pool %.0f MiB",
+                    mode,
                     self.graph_runner.capture_seconds, self.graph_runner.pool_bytes / 2**20)
 
     def make_step_buffers(self):
@@ -195,7 +203,9 @@ class DraftModel:
             ids = drafts[self.transfer.to_device(active), j - 1]
             p = _Pass(rows[active], ids, pos, np.ones(len(active), dtype=np.int64), pos + 1)
             self._write_next(batch, p, drafts, active, j)
-        self.computed[rows] = np.minimum(n_known, batch.num_blocks[rows] * self.block_size)
+        own = batch.num_blocks[rows] * self.block_size
+        self.computed[rows] = np.minimum(n_known, own)
+        self.fed[rows] = np.minimum(n_known + num_drafts - 1, own)  # drafts 1..n-1 fed after n_known - 1
         self.serial[rows] = batch.serial[rows]
         return drafts, num_drafts
 

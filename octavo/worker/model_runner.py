@@ -488,6 +488,8 @@ class ModelRunner:
         sampled = None if idx is None else self._sample(step, hidden[idx], so)
         if self.eagle is not None:  # before the next forward reuses the hidden-state buffer
             self.eagle.absorb(self.input_batch, step, hidden, idx, sampled)
+        elif self.device_drafts is not None and sampled is not None and not so.structured_output_request_ids:
+            self.drafter.in_step.launch(self.input_batch, step, sampled)  # the next drafts, queued now
         handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
         self._unresulted.append(handle)
         return handle
@@ -579,7 +581,10 @@ class ModelRunner:
         if self.device_drafts is None:
             drafts = self.drafter.propose(self.input_batch, rows, counts)
         else:  # nothing waits for the draft passes: the next step is staged meanwhile
-            drafts = self.device_drafts.keep(rows, *self.drafter.propose_on_device(self.input_batch, rows, counts))
+            queued = None if self.eagle is not None else self.drafter.in_step.take(self.input_batch, rows, counts)
+            if queued is None:
+                queued = self.drafter.propose_on_device(self.input_batch, rows, counts)
+            drafts = self.device_drafts.keep(rows, *queued)
         return dict(zip(req_ids, drafts, strict=True))
 
     def _pending(self) -> SampledTokens | None:

@@ -26,15 +26,21 @@ class _Host:
         return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def _run(path: str, spec: dict, params: SamplingParams, on_device: bool, **kw):
+def _run(path: str, spec: dict, params: SamplingParams, on_device: bool, in_step: bool = False, **kw):
+    """(tokens, draft tokens, accepted per position); ``on_device``: the device-drafts path;
+    ``in_step``: also the draft's staged inputs, so that its passes are queued inside the step."""
     llm = LLM(path, dtype="float32", speculative_config=spec, max_num_batched_tokens=16, **kw)
     runner = llm.llm_engine.core.runner
     if on_device:
         sc = llm.llm_engine.config.scheduler_config
         runner.device_drafts = DeviceDrafts(sc.max_num_seqs, spec["num_speculative_tokens"], runner.device,
                                             runner.transfer)
+    if in_step:
+        runner.drafter.step_buffers = runner.drafter.make_step_buffers()
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
     st = llm.get_stats()
+    if in_step:
+        assert runner.drafter.in_step.launches > 0
     return [list(c.token_ids) for o in outs for c in o.outputs], st.spec_num_draft_tokens, \
         st.spec_num_accepted_tokens_per_pos
 
@@ -55,6 +61,21 @@ def test_device_drafts_equal_host_drafts(llama_dir, small_draft_dir, eagle_heads
     if method == "self_draft":  # the target as its own draft: accepted where sampling is its argmax
         plain_greedy = params.temperature == 0 and params.repetition_penalty == 1.0
         assert sum(host[2]) > 0 and (sum(host[2]) == host[1] or not plain_greedy)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_in_step_proposals_equal_proposals_after_the_step(llama_dir, small_draft_dir, k):
+    """The draft's catch-up and drafts queued inside the verifying step (uniform two-token
+    catch-up at device-computed positions): the target as its own draft accepts every draft as
+    after the step; a small draft gives the same output. Chunked prefill (budget 16) and
+    several requests make steps that do not qualify (prefill chunks), which fall back."""
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    host = _run(llama_dir, draft_spec(llama_dir, k=k), greedy, on_device=False)
+    queued = _run(llama_dir, draft_spec(llama_dir, k=k), greedy, on_device=True, in_step=True)
+    assert queued == host and sum(host[2]) == host[1] > 0
+    host = _run(llama_dir, draft_spec(small_draft_dir, k=k), greedy, on_device=False)
+    queued = _run(llama_dir, draft_spec(small_draft_dir, k=k), greedy, on_device=True, in_step=True)
+    assert queued[0] == host[0] and queued[1] > 0
 
 
 def test_keep_hands_out_placeholders_and_keeps_old_ids_under_padding():
