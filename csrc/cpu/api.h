@@ -50,6 +50,9 @@ struct PagedAttentionArgs {
   int sliding_window = 0;
   // > 0: scores become soft_cap * tanh(scale * q.k / soft_cap) before the softmax (Gemma 2).
   float soft_cap = 0.f;
+  // 0: never the AMX tiles (comparisons); else bf16 attention runs Q.K^T and P.V on them where
+  // the variant has the path and the CPU grants the tile state (Kernels::attention_amx).
+  int allow_amx = 1;
 };
 
 struct WriteKVArgs {
@@ -116,6 +119,7 @@ struct Kernels {
   void (*rms_norm)(const RMSNormArgs&);
   void (*silu_and_mul)(const SiluMulArgs&);
   void (*rope)(const RopeArgs&);
+  bool (*attention_amx)();  // bf16 paged attention runs on AMX tiles (allow_amx) in this process
 };
 
 // threading.cpp (compiled once, without ISA flags)

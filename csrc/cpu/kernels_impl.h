@@ -11,6 +11,9 @@
 //     online softmax     running max m, running sum l, accumulator rescaled by exp(m_old - m_new)
 //     acc += P V         broadcast-FMA micro-GEMM over the V tile
 //   out = acc / l. All accumulation in fp32.
+// On CPUs with AMX (bf16, AVX512-BF16 variant) both products run as TDPBF16PS on tiles
+// instead: the cache layout is already AMX's (the K tile is a B operand of 16 dim pairs x 16
+// keys, the V tile one of 8 key pairs x 16 dims), P is the same bf16 as VDPBF16PS's.
 // Do not use std:: templates in this file: one test binary links several ISA variants, and a
 // shared inline instantiation compiled with AVX-512 flags could be picked for the AVX2 path.
 #pragma once
@@ -24,6 +27,17 @@
 
 #include "api.h"
 #include "scalar_convert.h"
+
+// bf16 attention on AMX tiles: the AVX512-BF16 variant on x86-64 Linux (used only where CPUID
+// reports AMX-TILE and AMX-BF16 and the kernel grants the tile state).
+#if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
+#define OCTAVO_ATTN_AMX 1
+#include <immintrin.h>
+#include "amx.h"
+#define OCTAVO_ATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#else
+#define OCTAVO_ATTN_AMX 0
+#endif
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
@@ -98,6 +112,12 @@ static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 // ------------------------------------------------------------------------------------------
 // paged attention
 
+#if OCTAVO_ATTN_AMX
+static bool attention_amx_ready() { return kHasBf16Dot && amx::tiles_ready(); }
+#else
+static bool attention_amx_ready() { return false; }
+#endif
+
 template <int DT>
 struct PagedAttention {
   using E = Elem<DT>;
@@ -110,7 +130,8 @@ struct PagedAttention {
 
   const PagedAttentionArgs& a;
   int G, D, bs, QT, ct;  // ct: tokens per softmax chunk (whole blocks, >= 64)
-  size_t off_qf, off_s, off_pb, off_acc, off_m, off_l, off_qrow, scratch_bytes;
+  bool amx;              // Q.K^T and P.V on AMX tiles (where amx_rows() allows)
+  size_t off_qf, off_s, off_pb, off_acc, off_m, off_l, off_qrow, off_vz, scratch_bytes;
 
   explicit PagedAttention(const PagedAttentionArgs& args) : a(args) {
     G = a.num_heads / a.num_kv_heads;
@@ -118,8 +139,10 @@ struct PagedAttention {
     bs = a.block_size;
     QT = G >= kTileRows ? 1 : kTileRows / G;
     ct = bs >= 64 ? bs : (64 / bs) * bs;
-    // rows of a work item: a query tile of one KV head's group, or (decode) every head
-    const size_t rows = (size_t)(QT * G > a.num_heads ? QT * G : a.num_heads);
+    amx = attention_amx_ready() && DT == kBFloat16 && a.allow_amx && D % 32 == 0;
+    // rows of a work item: a query tile of one KV head's group, or (decode) every head; + 16
+    // rows of slack that an AMX item's last row tile may run into (amx_rows)
+    const size_t rows = (size_t)(QT * G > a.num_heads ? QT * G : a.num_heads) + 16;
     size_t o = 0;
     off_qf = o;   o += align64(rows * D * sizeof(float));
     off_s = o;    o += align64(rows * ct * sizeof(float));
@@ -128,6 +151,7 @@ struct PagedAttention {
     off_m = o;    o += align64(rows * sizeof(float));
     off_l = o;    o += align64(rows * sizeof(float));
     off_qrow = o; o += align64(rows * sizeof(void*));
+    off_vz = o;   o += align64((size_t)16 * D * sizeof(T));  // 16 keys of V (amx_v_tail)
     scratch_bytes = o;
   }
 
@@ -313,6 +337,98 @@ struct PagedAttention {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
   }
 
+#if OCTAVO_ATTN_AMX
+  // ---- the AMX path (bf16): one tile configuration per work item ----
+  // Tiles: 0-1 C (R rows x 16 fp32: S of two 16-key groups, or acc of two 16-dim columns),
+  // 2 A = Q (R rows x 32 dims), 3 A = P (R rows x 16 keys), 4-5 B = K^T (16 dim pairs x 16
+  // keys), 6-7 B = V (8 key pairs x 16 dims); R = amx_rows().
+  OCTAVO_ATTN_AMX_TARGET static void amx_begin(int R) {
+    const uint8_t rows[8] = {(uint8_t)R, (uint8_t)R, (uint8_t)R, (uint8_t)R, 16, 16, 8, 8};
+    const uint16_t colsb[8] = {64, 64, 64, 32, 64, 64, 64, 64};
+    amx::configure(rows, colsb);
+  }
+  OCTAVO_ATTN_AMX_TARGET static void amx_end() { _tile_release(); }
+
+  // S[hrows, ngc groups of 16 keys] = Q K^T; q: the head's query rows as bf16 [.][D].
+  OCTAVO_ATTN_AMX_TARGET void qk_amx(const T* const* kp, int hrows, int R, int ngc, const T* q,
+                                     float* s) const {
+    const int64_t kstride = (int64_t)bs * P * sizeof(T);  // bytes between dim pairs of a K tile
+    const int64_t sstride = (int64_t)ct * sizeof(float);
+    for (int r0 = 0; r0 < hrows; r0 += R) {
+      const T* qr = q + (size_t)r0 * D;
+      float* sr = s + (size_t)r0 * ct;
+      for (int g = 0; g < ngc; g += 2) {
+        const bool two = g + 1 < ngc;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int d = 0; d < D; d += 32) {
+          const size_t koff = (size_t)(d / 2) * bs * P;
+          _tile_loadd(2, qr + d, D * sizeof(T));
+          _tile_loadd(4, kp[g] + koff, kstride);
+          _tile_dpbf16ps(0, 2, 4);
+          if (two) {
+            _tile_loadd(5, kp[g + 1] + koff, kstride);
+            _tile_dpbf16ps(1, 2, 5);
+          }
+        }
+        _tile_stored(0, sr + 16 * g, sstride);
+        if (two) _tile_stored(1, sr + 16 * (g + 1), sstride);
+      }
+    }
+  }
+
+  // acc[hrows, D] += P V over the chunk's blocks (vt as for pv; vz: amx_v_tail of the last
+  // block's partial 16-key group, if it has one).
+  OCTAVO_ATTN_AMX_TARGET void pv_amx(const T* const* vt, int nblk, int nt_last, int hrows, int R,
+                                     const uint16_t* pb, float* acc, const T* vz) const {
+    const int64_t vstride = (int64_t)D * P * sizeof(T);  // bytes between key pairs of a V tile
+    const int64_t astride = (int64_t)D * sizeof(float), pstride = (int64_t)ct * sizeof(uint16_t);
+    for (int r0 = 0; r0 < hrows; r0 += R) {
+      for (int c = 0; c < D; c += 32) {
+        float* ac = acc + (size_t)r0 * D + c;
+        _tile_loadd(0, ac, astride);
+        _tile_loadd(1, ac + 16, astride);
+        for (int bi = 0; bi < nblk; ++bi) {
+          const int nt = bi == nblk - 1 ? nt_last : bs;
+          for (int t = 0; t < nt; t += 16) {
+            const T* v = t + 16 > nt ? vz : vt[bi] + (size_t)(t / 2) * D * P;
+            _tile_loadd(3, pb + (size_t)r0 * ct + bi * bs + t, pstride);
+            _tile_loadd(6, v + c * P, vstride);
+            _tile_loadd(7, v + (c + 16) * P, vstride);
+            _tile_dpbf16ps(0, 3, 6);
+            _tile_dpbf16ps(1, 3, 7);
+          }
+        }
+        _tile_stored(0, ac, astride);
+        _tile_stored(1, ac + 16, astride);
+      }
+    }
+  }
+#else
+  static void amx_begin(int) {}
+  static void amx_end() {}
+  void qk_amx(const T* const*, int, int, int, const T*, float*) const {}
+  void pv_amx(const T* const*, int, int, int, int, const uint16_t*, float*, const T*) const {}
+#endif
+
+  // Rows per AMX row tile for an item of nh heads x hrows rows, or 0: the vector path. A head's
+  // last row tile may run past its rows: harmless with one head (the scratch has 16 rows of
+  // slack), but it would overwrite the next head's rows, so several heads need whole tiles.
+  int amx_rows(int nh, int hrows) const {
+    if (!amx) return 0;
+    const int R = hrows < 16 ? hrows : 16;
+    return nh == 1 || hrows % R == 0 ? R : 0;
+  }
+
+  // The V tile rows of keys [t0, t0 + 16) with zeros from key nt on (slots past the sequence
+  // may hold anything, and a zero P times a NaN there would still poison the tile product).
+  void amx_v_tail(const T* v, int t0, int nt, T* vz) const {
+    memset(vz, 0, (size_t)16 * D * sizeof(T));
+    for (int t = t0; t < nt; ++t)
+      for (int d = 0; d < D; ++d)
+        vz[(size_t)((t - t0) / P) * D * P + d * P + t % P] = v[(size_t)(t / P) * D * P + d * P + t % P];
+  }
+
   // ---- one work item: query tile qt of request req, KV heads [h0, h0 + nh) ----
   // Rows are ordered (head, query token, group member): r = (hh * nq + jj) * G + g.
   void run(int req, int h0, int nh, int qt, char* scratch) const {
@@ -340,6 +456,13 @@ struct PagedAttention {
         for (int g = 0; g < G; ++g)
           qrow[(hh * nq + jj) * G + g] =
               query + (qs + j0 + jj) * a.q_stride + (int64_t)((h0 + hh) * G + g) * D;
+    const int R = amx_rows(nh, hrows);  // > 0: the AMX path, rows per tile
+    T* qb = (T*)qf;                      // AMX: the rows' queries, contiguous [rows][D]
+    T* vz = (T*)(scratch + off_vz);
+    if (R) {
+      amx_begin(R);
+      for (int r = 0; r < rows; ++r) memcpy(qb + (size_t)r * D, qrow[r], (size_t)D * sizeof(T));
+    }
     if (!kDot) {
       for (int r = 0; r < rows; ++r)
         for (int d = 0; d < D; d += 16) store(qf + (size_t)r * D + d, E::load16(qrow[r] + d));
@@ -385,8 +508,10 @@ struct PagedAttention {
           const T* kt = cache + ((int64_t)bt[b] * a.num_kv_heads + h0 + hh) * 2 * tile;
           kgrp[g] = kt + tok * P;
         }
-        qk(kgrp, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows,
-           s + (size_t)hh * hrows * ct);
+        if (R)
+          qk_amx(kgrp, hrows, R, ngc, qb + (size_t)hh * hrows * D, s + (size_t)hh * hrows * ct);
+        else
+          qk(kgrp, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows, s + (size_t)hh * hrows * ct);
       }
 
       // causal mask + online softmax, row by row
@@ -446,9 +571,15 @@ struct PagedAttention {
         for (int bi = 0; bi < nblk; ++bi)
           vtl[bi] = cache + ((int64_t)bt[b0 + bi] * a.num_kv_heads + h0 + hh) * 2 * tile + tile;
         const size_t r0 = (size_t)hh * hrows;
-        pv(vtl, nblk, nt_last, hrows, s + r0 * ct, pb + r0 * ct, acc + r0 * D);
+        if (R) {
+          if (nt_last % 16) amx_v_tail(vtl[nblk - 1], nt_last & ~15, nt_last, vz);
+          pv_amx(vtl, nblk, nt_last, hrows, R, pb + r0 * ct, acc + r0 * D, vz);
+        } else {
+          pv(vtl, nblk, nt_last, hrows, s + r0 * ct, pb + r0 * ct, acc + r0 * D);
+        }
       }
     }
+    if (R) amx_end();
 
     T* out = (T*)a.out;
     for (int r = 0; r < rows; ++r) {
@@ -744,7 +875,7 @@ static void rope(const RopeArgs& a) { OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT
 // The table this ISA's translation unit exports (kernels.cpp).
 const Kernels* kernels() {
   static const Kernels table = {kIsaName, kHasBf16Dot, &paged_attention, &write_kv,
-                                &rms_norm, &silu_and_mul, &rope};
+                                &rms_norm, &silu_and_mul, &rope, &attention_amx_ready};
   (void)&isa_name;
   return &table;
 }

@@ -36,14 +36,14 @@ MIXED = [(0, 7), (33, 1), (17, 20), (0, 1), (63, 1), (64, 1), (5, 70), (200, 1)]
 VARIANTS = cpu_isa.usable_variants()
 
 
-def run_variant(variant, q, k, v, ref_cache, md, scale):
+def run_variant(variant, q, k, v, ref_cache, md, scale, allow_amx=True):
     ext = cpu_isa.load_variant(variant)
     cache = cache_from_reference(ref_cache)
     m = build_cpu_metadata(md)
     ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=m.slot_mapping[: md.num_actual_tokens])
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
     ext.paged_attention(query=q, out=out, kv_cache=cache, query_start_loc=m.query_start_loc,
-                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale)
+                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale, allow_amx=allow_amx)
     return out, cache_to_reference(cache, q.shape[-1])
 
 
@@ -74,6 +74,49 @@ def test_mixed_batch_every_variant(variant, dtype, head_size):
 def test_block_sizes_fp16(variant, block_size):
     check(variant, MIXED, heads=6, kv_heads=3, head_size=64, block_size=block_size, dtype=torch.float16,
           seed=block_size)
+
+
+def nan_past_the_ends(cache, md):
+    """A copy of the reference-layout cache with NaN in every slot past a sequence's end."""
+    cache = cache.clone()
+    bs = cache.shape[2]
+    for i, n in enumerate(md.seq_lens_cpu.tolist()):
+        if n % bs:
+            cache[:, int(md.block_table[i, (n - 1) // bs]), n % bs:] = float("nan")
+    return cache
+
+
+# (heads, kv_heads, head_size, block_size, seqs): GQA groups of 1, 3, 16 and 24 (24: decode
+# items of several heads take the vector path, one-head prefill tiles the AMX one); query tiles
+# whose rows end inside a row tile; >= 4 decodes, so decode items cover every KV head.
+AMX_CASES = [
+    (9, 3, 64, 16, [(0, 70), (33, 50), (250, 1), (17, 1), (64, 1), (5, 1), (100, 1), (31, 1)]),
+    (4, 4, 128, 16, [(0, 130), (20, 9), (47, 1), (3, 1), (90, 1), (16, 1)]),
+    (32, 2, 64, 48, [(0, 9), (40, 1), (7, 20), (1, 1), (95, 1), (2, 1)]),
+    (48, 2, 64, 16, [(0, 5), (40, 1), (7, 3), (1, 1), (95, 1), (2, 1)]),
+    (8, 2, 96, 64, MIXED),
+    (4, 2, 256, 32, MIXED),
+]
+
+
+@pytest.mark.parametrize("allow_amx", [True, False], ids=["amx", "vector"])
+@pytest.mark.parametrize("case", AMX_CASES, ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}")
+def test_bf16_amx_and_vector_paths(case, allow_amx):
+    """avx512_bf16 on bf16 runs Q.K^T and P.V on AMX tiles where the CPU has them, else (and with
+    allow_amx=False) VDPBF16PS: both against torch_ref, with NaN in the unwritten slots past each
+    sequence's end (a zero probability times NaN there would poison a tile product)."""
+    if "avx512_bf16" not in VARIANTS:
+        pytest.skip("the avx512_bf16 variant does not run here")
+    if allow_amx and not cpu_isa.load_variant("avx512_bf16").attention_amx():
+        pytest.skip("no AMX tiles on this CPU")
+    heads, kv_heads, head_size, block_size, seqs = case
+    q, k, v, cache, md = make_batch(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
+                                    block_size=block_size, dtype=torch.bfloat16, seed=head_size + heads)
+    scale = head_size**-0.5
+    ref_out, _ = reference(q, k, v, cache, md, scale)
+    out, _ = run_variant("avx512_bf16", q, k, v, nan_past_the_ends(cache, md), md, scale, allow_amx)
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    assert rel_err(out, ref_out) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("group", [1, 4, 16])
