@@ -26,6 +26,8 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 //       i.e. V [block_size / P][head_size][P]: 16 consecutive dims x P tokens per vector load.
 // P = 2 packs the two bf16 operands of one avx512_bf16 dot-product lane next to each other.
 
+struct WriteKVArgs;
+
 struct PagedAttentionArgs {
   const void* query;   // [num_tokens, num_heads, head_size] rows of q_stride elements
   int64_t q_stride;    // elements between tokens
@@ -53,6 +55,10 @@ struct PagedAttentionArgs {
   // 0: never the AMX tiles (comparisons); else bf16 attention runs Q.K^T and P.V on them where
   // the variant has the path and the CPU grants the tile state (Kernels::attention_amx).
   int allow_amx = 1;
+  // Optional: first write the batch's new K/V (as write_kv does; its tokens are the query's).
+  // A decode token is written by the work item that then reads its block (its cache lines
+  // come in once), every other token before any item runs. nullptr: the cache holds them.
+  const WriteKVArgs* write = nullptr;
 };
 
 struct WriteKVArgs {

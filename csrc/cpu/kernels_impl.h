@@ -110,6 +110,69 @@ static thread_local TlsBuffer tls_scratch;
 static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 // ------------------------------------------------------------------------------------------
+// write K/V at the slot mapping
+
+template <int DT>
+struct WriteKV {
+  using E = Elem<DT>;
+  using T = typename E::T;
+  static constexpr int P = E::P;
+  static constexpr int kTokensPerItem = 16;
+
+  // Token i's K and V of KV heads [h0, h0 + nh) into the cache at its slot (negative: skipped).
+  static inline void token(const WriteKVArgs& a, int64_t i, int h0, int nh) {
+    const int64_t slot = a.slot_mapping[i];
+    if (slot < 0) return;
+    const int D = a.head_size, bs = a.block_size;
+    const size_t tile = (size_t)bs * D;
+    T* cache = (T*)a.kv_cache;
+    const int64_t blk = slot / bs;
+    const int off = (int)(slot % bs);
+    for (int h = h0; h < h0 + nh; ++h) {
+      const T* k = (const T*)a.key + i * a.k_stride_tok + h * a.k_stride_head;
+      const T* v = (const T*)a.value + i * a.v_stride_tok + h * a.v_stride_head;
+      T* kt = cache + (blk * a.num_kv_heads + h) * 2 * tile;
+      T* vt = kt + tile;
+      T* kp = kt + off * P;
+      for (int d = 0; d < D; d += P)
+        for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
+      T* vp = vt + (size_t)(off / P) * D * P + off % P;
+      for (int d = 0; d < D; ++d) vp[(size_t)d * P] = v[d];
+    }
+  }
+
+  // Prefetch, for writing, the cache lines token(a, i, h0, nh) will store to.
+  static inline void prefetch_token(const WriteKVArgs& a, int64_t i, int h0, int nh) {
+    const int64_t slot = a.slot_mapping[i];
+    if (slot < 0) return;
+    const int D = a.head_size, bs = a.block_size;
+    const size_t tile = (size_t)bs * D;
+    const T* cache = (const T*)a.kv_cache;
+    const int64_t blk = slot / bs;
+    const int off = (int)(slot % bs);
+    for (int h = h0; h < h0 + nh; ++h) {
+      const T* kp = cache + (blk * a.num_kv_heads + h) * 2 * tile + off * P;
+      for (int d = 0; d < D; d += P) __builtin_prefetch(kp + (size_t)(d / P) * bs * P, 1, 3);
+      const char* vp = (const char*)(kp - off * P + tile + (size_t)(off / P) * D * P);
+      for (size_t o = 0; o < (size_t)D * P * sizeof(T); o += 64) __builtin_prefetch(vp + o, 1, 3);
+    }
+  }
+
+  static void item_fn(void* ctx, int64_t item, int /*tid*/) {
+    const WriteKVArgs& a = *(const WriteKVArgs*)ctx;
+    const int64_t i0 = item * kTokensPerItem;
+    const int64_t i1 = i0 + kTokensPerItem < a.num_tokens ? i0 + kTokensPerItem : a.num_tokens;
+    for (int64_t i = i0; i < i1; ++i) token(a, i, 0, a.num_kv_heads);
+  }
+
+  static void run(const WriteKVArgs& a) {
+    const int64_t n_items = (a.num_tokens + kTokensPerItem - 1) / kTokensPerItem;
+    const int threads = n_items >= 8 ? a.num_threads : 1;
+    threading::parallel_run(n_items, threads, &item_fn, (void*)&a);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
 // paged attention
 
 #if OCTAVO_ATTN_AMX
@@ -434,6 +497,9 @@ struct PagedAttention {
   void run(int req, int h0, int nh, int qt, char* scratch) const {
     const int64_t qs = a.query_start_loc[req];
     const int qlen = a.query_start_loc[req + 1] - (int)qs;
+    // a decode's own K/V (a.write): its lines are requested now, written before the last chunk
+    bool write_pending = a.write && qlen == 1 && qs < a.write->num_tokens;
+    if (write_pending) WriteKV<DT>::prefetch_token(*a.write, qs, h0, nh);
     const int seq_len = a.seq_lens[req];
     const int ctx = seq_len - qlen;
     const int j0 = qt * QT;
@@ -498,6 +564,10 @@ struct PagedAttention {
       const int b1 = b0 + bpc < nblocks ? b0 + bpc : nblocks;
 
       const int ngc = (nc + 15) / 16;  // 16-key groups in the chunk (blocks are multiples of 16)
+      if (write_pending && b1 == nblocks) {  // the token's slot is in the last block
+        WriteKV<DT>::token(*a.write, qs, h0, nh);
+        write_pending = false;
+      }
       for (int b = b0; b < b1; ++b)
         if (b + pf_dist < nblocks) prefetch_block(cache, bt[b + pf_dist], h0, nh, tile);
 
@@ -609,6 +679,26 @@ struct PagedAttention {
 
   mutable std::atomic<bool> out_of_memory{false};
 
+  // a.write's tokens of requests that are not decodes (the items write the decodes' own)
+  const char* write_non_decodes() const {
+    const WriteKVArgs& w = *a.write;
+    int n_dec = 0;
+    for (int i = 0; i < a.num_reqs; ++i)
+      n_dec += a.query_start_loc[i + 1] - a.query_start_loc[i] == 1 && a.query_start_loc[i] < w.num_tokens;
+    if (n_dec == w.num_tokens) return nullptr;
+    int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * (w.num_tokens > 0 ? w.num_tokens : 1));
+    if (slots == nullptr) return "out of memory (slot mapping)";
+    memcpy(slots, w.slot_mapping, sizeof(int64_t) * w.num_tokens);
+    for (int i = 0; i < a.num_reqs; ++i)
+      if (a.query_start_loc[i + 1] - a.query_start_loc[i] == 1 && a.query_start_loc[i] < w.num_tokens)
+        slots[a.query_start_loc[i]] = -1;
+    WriteKVArgs rest = w;
+    rest.slot_mapping = slots;
+    WriteKV<DT>::run(rest);
+    free(slots);
+    return nullptr;
+  }
+
   // nullptr, or why nothing (or not everything) was computed
   const char* operator()() const {
     // Work items: prefill tiles first (largest), decodes after, so the dynamic hand-out ends
@@ -616,6 +706,8 @@ struct PagedAttention {
     // its sequence when there are enough sequences to keep every thread busy: each block is
     // then read as one contiguous stretch (num_kv_heads x K/V tiles) that the prefetchers
     // stream, instead of a 1/num_kv_heads slice of it.
+    if (a.write)
+      if (const char* e = write_non_decodes()) return e;
     const int threads = threading::resolve_threads(a.num_threads);
     int n_decode = 0;
     for (int i = 0; i < a.num_reqs; ++i)
@@ -648,49 +740,6 @@ struct PagedAttention {
     threading::parallel_run(n_items, threads, &item_fn, ctx);
     free(items);
     return out_of_memory.load() ? "out of memory (per-thread scratch)" : nullptr;
-  }
-};
-
-// ------------------------------------------------------------------------------------------
-// write K/V at the slot mapping
-
-template <int DT>
-struct WriteKV {
-  using E = Elem<DT>;
-  using T = typename E::T;
-  static constexpr int P = E::P;
-  static constexpr int kTokensPerItem = 16;
-
-  static void item_fn(void* ctx, int64_t item, int /*tid*/) {
-    const WriteKVArgs& a = *(const WriteKVArgs*)ctx;
-    const int D = a.head_size, bs = a.block_size;
-    const size_t tile = (size_t)bs * D;
-    T* cache = (T*)a.kv_cache;
-    const int64_t i0 = item * kTokensPerItem;
-    const int64_t i1 = i0 + kTokensPerItem < a.num_tokens ? i0 + kTokensPerItem : a.num_tokens;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t slot = a.slot_mapping[i];
-      if (slot < 0) continue;
-      const int64_t blk = slot / bs;
-      const int off = (int)(slot % bs);
-      for (int h = 0; h < a.num_kv_heads; ++h) {
-        const T* k = (const T*)a.key + i * a.k_stride_tok + h * a.k_stride_head;
-        const T* v = (const T*)a.value + i * a.v_stride_tok + h * a.v_stride_head;
-        T* kt = cache + (blk * a.num_kv_heads + h) * 2 * tile;
-        T* vt = kt + tile;
-        T* kp = kt + off * P;
-        for (int d = 0; d < D; d += P)
-          for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
-        T* vp = vt + (size_t)(off / P) * D * P + off % P;
-        for (int d = 0; d < D; ++d) vp[(size_t)d * P] = v[d];
-      }
-    }
-  }
-
-  static void run(const WriteKVArgs& a) {
-    const int64_t n_items = (a.num_tokens + kTokensPerItem - 1) / kTokensPerItem;
-    const int threads = n_items >= 8 ? a.num_threads : 1;
-    threading::parallel_run(n_items, threads, &item_fn, (void*)&a);
   }
 };
 
@@ -856,6 +905,10 @@ static const char* check_shape(int dtype, int head_size, int block_size) {
 }
 static const char* paged_attention(const PagedAttentionArgs& a) {
   if (const char* e = check_shape(a.dtype, a.head_size, a.block_size)) return e;
+  if (a.write && (a.write->dtype != a.dtype || a.write->head_size != a.head_size ||
+                  a.write->block_size != a.block_size || a.write->num_kv_heads != a.num_kv_heads ||
+                  a.write->kv_cache != a.kv_cache))
+    return "the K/V to write do not match the attention's cache";
   if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads) return "num_heads must be a multiple of num_kv_heads";
   const char* err = nullptr;
   OCTAVO_DISPATCH_DTYPE(a.dtype, err = PagedAttention<DT>{a}());

@@ -36,23 +36,28 @@ MIXED = [(0, 7), (33, 1), (17, 20), (0, 1), (63, 1), (64, 1), (5, 70), (200, 1)]
 VARIANTS = cpu_isa.usable_variants()
 
 
-def run_variant(variant, q, k, v, ref_cache, md, scale, allow_amx=True):
+def run_variant(variant, q, k, v, ref_cache, md, scale, allow_amx=True, fused=False):
+    """write_kv, then paged_attention; ``fused``: one paged_attention call that writes too."""
     ext = cpu_isa.load_variant(variant)
     cache = cache_from_reference(ref_cache)
     m = build_cpu_metadata(md)
-    ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=m.slot_mapping[: md.num_actual_tokens])
+    slots = m.slot_mapping[: md.num_actual_tokens]
+    if not fused:
+        ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=slots)
+    write = {"key": k, "value": v, "slot_mapping": slots} if fused else {}
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
     ext.paged_attention(query=q, out=out, kv_cache=cache, query_start_loc=m.query_start_loc,
-                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale, allow_amx=allow_amx)
+                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale, allow_amx=allow_amx,
+                        **write)
     return out, cache_to_reference(cache, q.shape[-1])
 
 
-def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0):
+def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0, fused=False):
     q, k, v, cache, md = make_batch(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
                                     block_size=block_size, dtype=dtype, seed=seed)
     scale = head_size**-0.5
     ref_out, ref_cache = reference(q, k, v, cache, md, scale)
-    out, new_cache = run_variant(variant, q, k, v, cache, md, scale)
+    out, new_cache = run_variant(variant, q, k, v, cache, md, scale, fused=fused)
     assert not torch.isnan(out).any(), "unwritten or NaN output"
     assert torch.equal(new_cache.double(), ref_cache.to(dtype).double()), "write_kv is not an exact copy"
     err = rel_err(out, ref_out)
@@ -67,6 +72,34 @@ def test_mixed_batch_every_variant(variant, dtype, head_size):
     block_size = 16 if head_size in (64, 128) else 32
     check(variant, MIXED, heads=heads, kv_heads=kv_heads, head_size=head_size, block_size=block_size,
           dtype=dtype, seed=head_size)
+
+
+# decodes only (>= 4: items of every KV head, and of one), a prefill with decodes, chunked
+# prefills only: the fused call writes decodes inside their items, the other tokens first
+FUSED_BATCHES = {
+    "decodes": [(33, 1), (0, 1), (63, 1), (64, 1), (200, 1), (15, 1)],
+    "few-decodes": [(47, 1), (16, 1)],
+    "mixed": MIXED,
+    "prefills": [(0, 7), (17, 20), (5, 70)],
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("batch", sorted(FUSED_BATCHES))
+def test_attention_that_writes_the_kv_itself(variant, dtype, batch):
+    """paged_attention(key=, value=, slot_mapping=) == write_kv then paged_attention: the same
+    cache, the torch_ref output."""
+    check(variant, FUSED_BATCHES[batch], heads=6, kv_heads=3, head_size=64, block_size=16, dtype=dtype,
+          seed=len(batch), fused=True)
+
+
+def test_fused_write_refuses_mismatched_kv():
+    ext, args, k, v, m = _boundary_case()
+    with pytest.raises(ValueError, match="key .* does not have the cache's KV heads"):
+        ext.paged_attention(**args, key=k[:, :1], value=v[:, :1], slot_mapping=m.slot_mapping)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ext.paged_attention(**args, key=k, value=v)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
