@@ -394,10 +394,19 @@ struct PagedAttention {
   // and the weights evicted it since the last step), and prefetching only each tile's first lines
   // left the loads waiting (48 x 250 tokens, SmolLM2 heads, cold: 715 -> 560 us per layer). With
   // the KV in the last-level cache the extra instructions cost ~15% instead.
-  inline void prefetch_block(const T* cache, int32_t blk, int h0, int nh, size_t tile) const {
+  // A prefill tile (whole: false) is compute-bound and re-reads K/V that earlier tiles brought
+  // in: there only each tile's first two lines, for the stream prefetcher to follow.
+  inline void prefetch_block(const T* cache, int32_t blk, int h0, int nh, size_t tile, bool whole) const {
     const char* p = (const char*)(cache + ((int64_t)blk * a.num_kv_heads + h0) * 2 * tile);
-    const size_t bytes = (size_t)nh * 2 * tile * sizeof(T);
-    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    const size_t bytes = (size_t)nh * 2 * tile * sizeof(T), tb = tile * sizeof(T);
+    if (whole) {
+      for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    } else {
+      for (size_t o = 0; o < bytes; o += tb) {
+        __builtin_prefetch(p + o, 0, 3);
+        __builtin_prefetch(p + o + 64, 0, 3);
+      }
+    }
   }
 
 #if OCTAVO_ATTN_AMX
@@ -557,7 +566,7 @@ struct PagedAttention {
     const size_t block_bytes = (size_t)nh * 2 * tile * sizeof(T);
     int pf_dist = block_bytes >= 32768 ? 1 : (int)(32768 / block_bytes);
     if (pf_dist < bpc) pf_dist = bpc;  // at least the next chunk
-    for (int pbk = bstart; pbk < bstart + pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile);
+    for (int pbk = bstart; pbk < bstart + pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile, nq == 1);
     for (int b0 = bstart; b0 < nblocks; b0 += bpc) {
       const int c0 = b0 * bs;                                     // first key of the chunk
       const int nc = kv_end - c0 < ct ? kv_end - c0 : ct;          // keys of the chunk
@@ -569,7 +578,7 @@ struct PagedAttention {
         write_pending = false;
       }
       for (int b = b0; b < b1; ++b)
-        if (b + pf_dist < nblocks) prefetch_block(cache, bt[b + pf_dist], h0, nh, tile);
+        if (b + pf_dist < nblocks) prefetch_block(cache, bt[b + pf_dist], h0, nh, tile, nq == 1);
 
       // S = Q K^T over the whole chunk, head by head
       for (int hh = 0; hh < nh; ++hh) {
@@ -602,8 +611,13 @@ struct PagedAttention {
           const float in = scale / cap, outs = cap / scale;
           for (int t = first; t < valid; ++t) sr[t] = outs * tanhf(sr[t] * in);
         }
-        for (int t = valid; t < ngc * 16; ++t) sr[t] = -INFINITY;
-        for (int t = 0; t < first; ++t) sr[t] = -INFINITY;
+        // masked keys -> -inf: whole 16-key groups with vector stores (a vector load right after
+        // scalar stores to its line waits for them: that stall was ~10% of a prefill item)
+        const int vend = (valid + 15) & ~15, fbeg = first & ~15;
+        for (int t = valid; t < vend; ++t) sr[t] = -INFINITY;
+        for (int t = vend; t < ngc * 16; t += 16) store(sr + t, bcast(-INFINITY));
+        for (int t = 0; t < fbeg; t += 16) store(sr + t, bcast(-INFINITY));
+        for (int t = fbeg; t < first; ++t) sr[t] = -INFINITY;
         F mx = load(sr);
         for (int g = 1; g < ngc; ++g) mx = max(mx, load(sr + 16 * g));
         const float m_blk = hmax(mx) * scale;
