@@ -79,6 +79,11 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         _str("OCTAVO_CPU_THREADS_BIND", "auto"),
         "CPU compute-thread placement: auto (one per physical core), a core list like 0-3, or none.",
     ),
+    "OCTAVO_CPU_MALLOC_RETAIN": (
+        _bool("OCTAVO_CPU_MALLOC_RETAIN", True),
+        "CPU workers keep freed host memory for reuse (glibc mmap/trim thresholds pinned): a step's "
+        "activations then reuse mapped pages instead of page-faulting fresh ones; 0: glibc's defaults.",
+    ),
     "OCTAVO_CPU_GRAPH_MODE": (
         _str("OCTAVO_CPU_GRAPH_MODE", None),
         "CPU graph mode: torch_compile (decode steps run the model compiled by torch.compile / "

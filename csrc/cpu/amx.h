@@ -1,4 +1,5 @@
-// AMX tile state, shared by the kernels that use the tiles (gemv_amx.h, quant_amx.h): the
+// AMX tile state, shared by the kernels that use the tiles (gemv_amx.h, quant_amx.h, the bf16
+// paged attention of kernels_impl.h): the
 // process's permission to use them and the LDTILECFG operand. x86-64 Linux only; include at
 // file scope (not inside an ISA namespace).
 #pragma once
@@ -32,17 +33,23 @@ struct TileConfig {  // the LDTILECFG operand (palette 1)
   uint8_t rows[16];
 };
 
-// Tiles 0-7 with rows[t] rows of 64 bytes each (0 rows: the tile is not used).
-static inline void configure(const uint8_t (&rows)[8]) {
+// Tiles 0-7 with rows[t] rows of colsb[t] bytes each (0 rows: the tile is not used).
+static inline void configure(const uint8_t (&rows)[8], const uint16_t (&colsb)[8]) {
   TileConfig cfg;
   memset(&cfg, 0, sizeof(cfg));
   cfg.palette = 1;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = rows[t];
-    cfg.colsb[t] = rows[t] ? 64 : 0;
+    cfg.colsb[t] = rows[t] ? colsb[t] : 0;
   }
   // the whole 64-byte operand (GCC 12's _tile_loadconfig names only its first 8 bytes)
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+}
+
+// Tiles 0-7 with rows[t] rows of 64 bytes each (0 rows: the tile is not used).
+static inline void configure(const uint8_t (&rows)[8]) {
+  const uint16_t colsb[8] = {64, 64, 64, 64, 64, 64, 64, 64};
+  configure(rows, colsb);
 }
 
 }  // namespace amx

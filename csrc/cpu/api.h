@@ -26,6 +26,8 @@ enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 //       i.e. V [block_size / P][head_size][P]: 16 consecutive dims x P tokens per vector load.
 // P = 2 packs the two bf16 operands of one avx512_bf16 dot-product lane next to each other.
 
+struct WriteKVArgs;
+
 struct PagedAttentionArgs {
   const void* query;   // [num_tokens, num_heads, head_size] rows of q_stride elements
   int64_t q_stride;    // elements between tokens
@@ -50,6 +52,13 @@ struct PagedAttentionArgs {
   int sliding_window = 0;
   // > 0: scores become soft_cap * tanh(scale * q.k / soft_cap) before the softmax (Gemma 2).
   float soft_cap = 0.f;
+  // 0: never the AMX tiles (comparisons); else bf16 attention runs Q.K^T and P.V on them where
+  // the variant has the path and the CPU grants the tile state (Kernels::attention_amx).
+  int allow_amx = 1;
+  // Optional: first write the batch's new K/V (as write_kv does; its tokens are the query's).
+  // A decode token is written by the work item that then reads its block (its cache lines
+  // come in once), every other token before any item runs. nullptr: the cache holds them.
+  const WriteKVArgs* write = nullptr;
 };
 
 struct WriteKVArgs {
@@ -116,6 +125,7 @@ struct Kernels {
   void (*rms_norm)(const RMSNormArgs&);
   void (*silu_and_mul)(const SiluMulArgs&);
   void (*rope)(const RopeArgs&);
+  bool (*attention_amx)();  // bf16 paged attention runs on AMX tiles (allow_amx) in this process
 };
 
 // threading.cpp (compiled once, without ISA flags)

@@ -95,17 +95,30 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
   m.def("paged_attention",
         [](py::handle query, py::handle out, py::handle kv_cache, py::handle query_start_loc,
            py::handle seq_lens, py::handle block_table, float scale, int sliding_window,
-           float soft_cap, int num_threads) {
-          const octavo::PagedAttentionArgs a = octavo::bind::paged_attention_args(
+           float soft_cap, int num_threads, bool allow_amx, py::handle key, py::handle value,
+           py::handle slot_mapping) {
+          octavo::PagedAttentionArgs a = octavo::bind::paged_attention_args(
               query, out, kv_cache, query_start_loc, seq_lens, block_table, scale, sliding_window,
               soft_cap, num_threads);
+          a.allow_amx = allow_amx ? 1 : 0;
+          octavo::WriteKVArgs w{};
+          if (!key.is_none() || !value.is_none() || !slot_mapping.is_none()) {
+            w = octavo::bind::write_kv_args(key, value, kv_cache, slot_mapping, num_threads);
+            a.write = &w;
+          }
           run_checked("paged_attention", kern()->paged_attention, a);
         },
         py::kw_only(), py::arg("query"), py::arg("out"), py::arg("kv_cache"),
         py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"), py::arg("scale"),
         py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f, py::arg("num_threads") = 0,
+        py::arg("allow_amx") = true, py::arg("key") = py::none(), py::arg("value") = py::none(),
+        py::arg("slot_mapping") = py::none(),
         "Causal attention of query [T, H, D] over the paged cache into out [T, H, D] (sliding_window "
-        "> 0: each query sees its last sliding_window keys; soft_cap > 0: capped scores).");
+        "> 0: each query sees its last sliding_window keys; soft_cap > 0: capped scores; bf16 runs "
+        "on AMX tiles where attention_amx(), allow_amx=False: never). With key, value and "
+        "slot_mapping it first writes them as write_kv does (a decode token's inside its work item).");
+  m.def("attention_amx", [] { return kern()->attention_amx(); },
+        "Whether bf16 paged attention runs its products on AMX tiles here (variant and CPU).");
 
   m.def("write_kv",
         [](py::handle key, py::handle value, py::handle kv_cache, py::handle slot_mapping,

@@ -11,6 +11,9 @@
 //     online softmax     running max m, running sum l, accumulator rescaled by exp(m_old - m_new)
 //     acc += P V         broadcast-FMA micro-GEMM over the V tile
 //   out = acc / l. All accumulation in fp32.
+// On CPUs with AMX (bf16, AVX512-BF16 variant) both products run as TDPBF16PS on tiles
+// instead: the cache layout is already AMX's (the K tile is a B operand of 16 dim pairs x 16
+// keys, the V tile one of 8 key pairs x 16 dims), P is the same bf16 as VDPBF16PS's.
 // Do not use std:: templates in this file: one test binary links several ISA variants, and a
 // shared inline instantiation compiled with AVX-512 flags could be picked for the AVX2 path.
 #pragma once
@@ -24,6 +27,17 @@
 
 #include "api.h"
 #include "scalar_convert.h"
+
+// bf16 attention on AMX tiles: the AVX512-BF16 variant on x86-64 Linux (used only where CPUID
+// reports AMX-TILE and AMX-BF16 and the kernel grants the tile state).
+#if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
+#define OCTAVO_ATTN_AMX 1
+#include <immintrin.h>
+#include "amx.h"
+#define OCTAVO_ATTN_AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#else
+#define OCTAVO_ATTN_AMX 0
+#endif
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
@@ -96,7 +110,76 @@ static thread_local TlsBuffer tls_scratch;
 static inline size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 // ------------------------------------------------------------------------------------------
+// write K/V at the slot mapping
+
+template <int DT>
+struct WriteKV {
+  using E = Elem<DT>;
+  using T = typename E::T;
+  static constexpr int P = E::P;
+  static constexpr int kTokensPerItem = 16;
+
+  // Token i's K and V of KV heads [h0, h0 + nh) into the cache at its slot (negative: skipped).
+  static inline void token(const WriteKVArgs& a, int64_t i, int h0, int nh) {
+    const int64_t slot = a.slot_mapping[i];
+    if (slot < 0) return;
+    const int D = a.head_size, bs = a.block_size;
+    const size_t tile = (size_t)bs * D;
+    T* cache = (T*)a.kv_cache;
+    const int64_t blk = slot / bs;
+    const int off = (int)(slot % bs);
+    for (int h = h0; h < h0 + nh; ++h) {
+      const T* k = (const T*)a.key + i * a.k_stride_tok + h * a.k_stride_head;
+      const T* v = (const T*)a.value + i * a.v_stride_tok + h * a.v_stride_head;
+      T* kt = cache + (blk * a.num_kv_heads + h) * 2 * tile;
+      T* vt = kt + tile;
+      T* kp = kt + off * P;
+      for (int d = 0; d < D; d += P)
+        for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
+      T* vp = vt + (size_t)(off / P) * D * P + off % P;
+      for (int d = 0; d < D; ++d) vp[(size_t)d * P] = v[d];
+    }
+  }
+
+  // Prefetch, for writing, the cache lines token(a, i, h0, nh) will store to.
+  static inline void prefetch_token(const WriteKVArgs& a, int64_t i, int h0, int nh) {
+    const int64_t slot = a.slot_mapping[i];
+    if (slot < 0) return;
+    const int D = a.head_size, bs = a.block_size;
+    const size_t tile = (size_t)bs * D;
+    const T* cache = (const T*)a.kv_cache;
+    const int64_t blk = slot / bs;
+    const int off = (int)(slot % bs);
+    for (int h = h0; h < h0 + nh; ++h) {
+      const T* kp = cache + (blk * a.num_kv_heads + h) * 2 * tile + off * P;
+      for (int d = 0; d < D; d += P) __builtin_prefetch(kp + (size_t)(d / P) * bs * P, 1, 3);
+      const char* vp = (const char*)(kp - off * P + tile + (size_t)(off / P) * D * P);
+      for (size_t o = 0; o < (size_t)D * P * sizeof(T); o += 64) __builtin_prefetch(vp + o, 1, 3);
+    }
+  }
+
+  static void item_fn(void* ctx, int64_t item, int /*tid*/) {
+    const WriteKVArgs& a = *(const WriteKVArgs*)ctx;
+    const int64_t i0 = item * kTokensPerItem;
+    const int64_t i1 = i0 + kTokensPerItem < a.num_tokens ? i0 + kTokensPerItem : a.num_tokens;
+    for (int64_t i = i0; i < i1; ++i) token(a, i, 0, a.num_kv_heads);
+  }
+
+  static void run(const WriteKVArgs& a) {
+    const int64_t n_items = (a.num_tokens + kTokensPerItem - 1) / kTokensPerItem;
+    const int threads = n_items >= 8 ? a.num_threads : 1;
+    threading::parallel_run(n_items, threads, &item_fn, (void*)&a);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
 // paged attention
+
+#if OCTAVO_ATTN_AMX
+static bool attention_amx_ready() { return kHasBf16Dot && amx::tiles_ready(); }
+#else
+static bool attention_amx_ready() { return false; }
+#endif
 
 template <int DT>
 struct PagedAttention {
@@ -110,7 +193,8 @@ struct PagedAttention {
 
   const PagedAttentionArgs& a;
   int G, D, bs, QT, ct;  // ct: tokens per softmax chunk (whole blocks, >= 64)
-  size_t off_qf, off_s, off_pb, off_acc, off_m, off_l, off_qrow, scratch_bytes;
+  bool amx;              // Q.K^T and P.V on AMX tiles (where amx_rows() allows)
+  size_t off_qf, off_s, off_pb, off_acc, off_m, off_l, off_qrow, off_vz, scratch_bytes;
 
   explicit PagedAttention(const PagedAttentionArgs& args) : a(args) {
     G = a.num_heads / a.num_kv_heads;
@@ -118,8 +202,10 @@ struct PagedAttention {
     bs = a.block_size;
     QT = G >= kTileRows ? 1 : kTileRows / G;
     ct = bs >= 64 ? bs : (64 / bs) * bs;
-    // rows of a work item: a query tile of one KV head's group, or (decode) every head
-    const size_t rows = (size_t)(QT * G > a.num_heads ? QT * G : a.num_heads);
+    amx = attention_amx_ready() && DT == kBFloat16 && a.allow_amx && D % 32 == 0;
+    // rows of a work item: a query tile of one KV head's group, or (decode) every head; + 16
+    // rows of slack that an AMX item's last row tile may run into (amx_rows)
+    const size_t rows = (size_t)(QT * G > a.num_heads ? QT * G : a.num_heads) + 16;
     size_t o = 0;
     off_qf = o;   o += align64(rows * D * sizeof(float));
     off_s = o;    o += align64(rows * ct * sizeof(float));
@@ -128,6 +214,7 @@ struct PagedAttention {
     off_m = o;    o += align64(rows * sizeof(float));
     off_l = o;    o += align64(rows * sizeof(float));
     off_qrow = o; o += align64(rows * sizeof(void*));
+    off_vz = o;   o += align64((size_t)16 * D * sizeof(T));  // 16 keys of V (amx_v_tail)
     scratch_bytes = o;
   }
 
@@ -301,17 +388,117 @@ struct PagedAttention {
     }
   }
 
-  // Touch the first lines of each K/V tile of heads [h0, h0 + nh) of a block: the block table
-  // is random, so the hardware cannot guess where the next block starts, but once a tile's
-  // first lines are requested its stream prefetcher follows. (Prefetching whole tiles measured
-  // slower: the prefetch instructions themselves cost more than the misses they hide.)
-  inline void prefetch_block(const T* cache, int32_t blk, int h0, int nh, size_t tile) const {
+  // Prefetch every line of the K/V tiles of heads [h0, h0 + nh) of a block (one contiguous
+  // stretch). The block table is random and each tile is only 32-64 lines, too short for the
+  // stream prefetcher to ramp up: in the engine the KV cache comes from DRAM (the other layers
+  // and the weights evicted it since the last step), and prefetching only each tile's first lines
+  // left the loads waiting (48 x 250 tokens, SmolLM2 heads, cold: 715 -> 560 us per layer). With
+  // the KV in the last-level cache the extra instructions cost ~15% instead.
+  // A prefill tile (whole: false) is compute-bound and re-reads K/V that earlier tiles brought
+  // in: there only each tile's first two lines, for the stream prefetcher to follow.
+  inline void prefetch_block(const T* cache, int32_t blk, int h0, int nh, size_t tile, bool whole) const {
     const char* p = (const char*)(cache + ((int64_t)blk * a.num_kv_heads + h0) * 2 * tile);
-    const size_t tb = tile * sizeof(T);
-    for (int t = 0; t < 2 * nh; ++t) {
-      __builtin_prefetch(p + t * tb, 0, 3);
-      __builtin_prefetch(p + t * tb + 64, 0, 3);
+    const size_t bytes = (size_t)nh * 2 * tile * sizeof(T), tb = tile * sizeof(T);
+    if (whole) {
+      for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    } else {
+      for (size_t o = 0; o < bytes; o += tb) {
+        __builtin_prefetch(p + o, 0, 3);
+        __builtin_prefetch(p + o + 64, 0, 3);
+      }
     }
+  }
+
+#if OCTAVO_ATTN_AMX
+  // ---- the AMX path (bf16): one tile configuration per work item ----
+  // Tiles: 0-1 C (R rows x 16 fp32: S of two 16-key groups, or acc of two 16-dim columns),
+  // 2 A = Q (R rows x 32 dims), 3 A = P (R rows x 16 keys), 4-5 B = K^T (16 dim pairs x 16
+  // keys), 6-7 B = V (8 key pairs x 16 dims); R = amx_rows().
+  OCTAVO_ATTN_AMX_TARGET static void amx_begin(int R) {
+    const uint8_t rows[8] = {(uint8_t)R, (uint8_t)R, (uint8_t)R, (uint8_t)R, 16, 16, 8, 8};
+    const uint16_t colsb[8] = {64, 64, 64, 32, 64, 64, 64, 64};
+    amx::configure(rows, colsb);
+  }
+  OCTAVO_ATTN_AMX_TARGET static void amx_end() { _tile_release(); }
+
+  // S[hrows, ngc groups of 16 keys] = Q K^T; q: the head's query rows as bf16 [.][D].
+  OCTAVO_ATTN_AMX_TARGET void qk_amx(const T* const* kp, int hrows, int R, int ngc, const T* q,
+                                     float* s) const {
+    const int64_t kstride = (int64_t)bs * P * sizeof(T);  // bytes between dim pairs of a K tile
+    const int64_t sstride = (int64_t)ct * sizeof(float);
+    for (int r0 = 0; r0 < hrows; r0 += R) {
+      const T* qr = q + (size_t)r0 * D;
+      float* sr = s + (size_t)r0 * ct;
+      for (int g = 0; g < ngc; g += 2) {
+        const bool two = g + 1 < ngc;
+        _tile_zero(0);
+        _tile_zero(1);
+        for (int d = 0; d < D; d += 32) {
+          const size_t koff = (size_t)(d / 2) * bs * P;
+          _tile_loadd(2, qr + d, D * sizeof(T));
+          _tile_loadd(4, kp[g] + koff, kstride);
+          _tile_dpbf16ps(0, 2, 4);
+          if (two) {
+            _tile_loadd(5, kp[g + 1] + koff, kstride);
+            _tile_dpbf16ps(1, 2, 5);
+          }
+        }
+        _tile_stored(0, sr + 16 * g, sstride);
+        if (two) _tile_stored(1, sr + 16 * (g + 1), sstride);
+      }
+    }
+  }
+
+  // acc[hrows, D] += P V over the chunk's blocks (vt as for pv; vz: amx_v_tail of the last
+  // block's partial 16-key group, if it has one).
+  OCTAVO_ATTN_AMX_TARGET void pv_amx(const T* const* vt, int nblk, int nt_last, int hrows, int R,
+                                     const uint16_t* pb, float* acc, const T* vz) const {
+    const int64_t vstride = (int64_t)D * P * sizeof(T);  // bytes between key pairs of a V tile
+    const int64_t astride = (int64_t)D * sizeof(float), pstride = (int64_t)ct * sizeof(uint16_t);
+    for (int r0 = 0; r0 < hrows; r0 += R) {
+      for (int c = 0; c < D; c += 32) {
+        float* ac = acc + (size_t)r0 * D + c;
+        _tile_loadd(0, ac, astride);
+        _tile_loadd(1, ac + 16, astride);
+        for (int bi = 0; bi < nblk; ++bi) {
+          const int nt = bi == nblk - 1 ? nt_last : bs;
+          for (int t = 0; t < nt; t += 16) {
+            const T* v = t + 16 > nt ? vz : vt[bi] + (size_t)(t / 2) * D * P;
+            _tile_loadd(3, pb + (size_t)r0 * ct + bi * bs + t, pstride);
+            _tile_loadd(6, v + c * P, vstride);
+            _tile_loadd(7, v + (c + 16) * P, vstride);
+            _tile_dpbf16ps(0, 3, 6);
+            _tile_dpbf16ps(1, 3, 7);
+          }
+        }
+        _tile_stored(0, ac, astride);
+        _tile_stored(1, ac + 16, astride);
+      }
+    }
+  }
+#else
+  static void amx_begin(int) {}
+  static void amx_end() {}
+  void qk_amx(const T* const*, int, int, int, const T*, float*) const {}
+  void pv_amx(const T* const*, int, int, int, int, const uint16_t*, float*, const T*) const {}
+#endif
+
+  // Rows per AMX row tile for an item of nh heads x hrows rows, or 0: the vector path. A head's
+  // last row tile may run past its rows: harmless with one head (the scratch has 16 rows of
+  // slack), but it would overwrite the next head's rows, so several heads need whole tiles.
+  int amx_rows(int nh, int hrows) const {
+    if (!amx) return 0;
+    const int R = hrows < 16 ? hrows : 16;
+    return nh == 1 || hrows % R == 0 ? R : 0;
+  }
+
+  // The V tile rows of keys [t0, t0 + 16) with zeros from key nt on (slots past the sequence
+  // may hold anything, and a zero P times a NaN there would still poison the tile product).
+  void amx_v_tail(const T* v, int t0, int nt, T* vz) const {
+    memset(vz, 0, (size_t)16 * D * sizeof(T));
+    for (int t = t0; t < nt; ++t)
+      for (int d = 0; d < D; ++d)
+        vz[(size_t)((t - t0) / P) * D * P + d * P + t % P] = v[(size_t)(t / P) * D * P + d * P + t % P];
   }
 
   // ---- one work item: query tile qt of request req, KV heads [h0, h0 + nh) ----
@@ -319,6 +506,9 @@ struct PagedAttention {
   void run(int req, int h0, int nh, int qt, char* scratch) const {
     const int64_t qs = a.query_start_loc[req];
     const int qlen = a.query_start_loc[req + 1] - (int)qs;
+    // a decode's own K/V (a.write): its lines are requested now, written before the last chunk
+    bool write_pending = a.write && qlen == 1 && qs < a.write->num_tokens;
+    if (write_pending) WriteKV<DT>::prefetch_token(*a.write, qs, h0, nh);
     const int seq_len = a.seq_lens[req];
     const int ctx = seq_len - qlen;
     const int j0 = qt * QT;
@@ -341,6 +531,13 @@ struct PagedAttention {
         for (int g = 0; g < G; ++g)
           qrow[(hh * nq + jj) * G + g] =
               query + (qs + j0 + jj) * a.q_stride + (int64_t)((h0 + hh) * G + g) * D;
+    const int R = amx_rows(nh, hrows);  // > 0: the AMX path, rows per tile
+    T* qb = (T*)qf;                      // AMX: the rows' queries, contiguous [rows][D]
+    T* vz = (T*)(scratch + off_vz);
+    if (R) {
+      amx_begin(R);
+      for (int r = 0; r < rows; ++r) memcpy(qb + (size_t)r * D, qrow[r], (size_t)D * sizeof(T));
+    }
     if (!kDot) {
       for (int r = 0; r < rows; ++r)
         for (int d = 0; d < D; d += 16) store(qf + (size_t)r * D + d, E::load16(qrow[r] + d));
@@ -369,15 +566,19 @@ struct PagedAttention {
     const size_t block_bytes = (size_t)nh * 2 * tile * sizeof(T);
     int pf_dist = block_bytes >= 32768 ? 1 : (int)(32768 / block_bytes);
     if (pf_dist < bpc) pf_dist = bpc;  // at least the next chunk
-    for (int pbk = bstart; pbk < bstart + pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile);
+    for (int pbk = bstart; pbk < bstart + pf_dist && pbk < nblocks; ++pbk) prefetch_block(cache, bt[pbk], h0, nh, tile, nq == 1);
     for (int b0 = bstart; b0 < nblocks; b0 += bpc) {
       const int c0 = b0 * bs;                                     // first key of the chunk
       const int nc = kv_end - c0 < ct ? kv_end - c0 : ct;          // keys of the chunk
       const int b1 = b0 + bpc < nblocks ? b0 + bpc : nblocks;
 
       const int ngc = (nc + 15) / 16;  // 16-key groups in the chunk (blocks are multiples of 16)
+      if (write_pending && b1 == nblocks) {  // the token's slot is in the last block
+        WriteKV<DT>::token(*a.write, qs, h0, nh);
+        write_pending = false;
+      }
       for (int b = b0; b < b1; ++b)
-        if (b + pf_dist < nblocks) prefetch_block(cache, bt[b + pf_dist], h0, nh, tile);
+        if (b + pf_dist < nblocks) prefetch_block(cache, bt[b + pf_dist], h0, nh, tile, nq == 1);
 
       // S = Q K^T over the whole chunk, head by head
       for (int hh = 0; hh < nh; ++hh) {
@@ -386,8 +587,10 @@ struct PagedAttention {
           const T* kt = cache + ((int64_t)bt[b] * a.num_kv_heads + h0 + hh) * 2 * tile;
           kgrp[g] = kt + tok * P;
         }
-        qk(kgrp, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows,
-           s + (size_t)hh * hrows * ct);
+        if (R)
+          qk_amx(kgrp, hrows, R, ngc, qb + (size_t)hh * hrows * D, s + (size_t)hh * hrows * ct);
+        else
+          qk(kgrp, hrows, ngc, qf + (size_t)hh * hrows * D, qrow + hh * hrows, s + (size_t)hh * hrows * ct);
       }
 
       // causal mask + online softmax, row by row
@@ -408,8 +611,13 @@ struct PagedAttention {
           const float in = scale / cap, outs = cap / scale;
           for (int t = first; t < valid; ++t) sr[t] = outs * tanhf(sr[t] * in);
         }
-        for (int t = valid; t < ngc * 16; ++t) sr[t] = -INFINITY;
-        for (int t = 0; t < first; ++t) sr[t] = -INFINITY;
+        // masked keys -> -inf: whole 16-key groups with vector stores (a vector load right after
+        // scalar stores to its line waits for them: that stall was ~10% of a prefill item)
+        const int vend = (valid + 15) & ~15, fbeg = first & ~15;
+        for (int t = valid; t < vend; ++t) sr[t] = -INFINITY;
+        for (int t = vend; t < ngc * 16; t += 16) store(sr + t, bcast(-INFINITY));
+        for (int t = 0; t < fbeg; t += 16) store(sr + t, bcast(-INFINITY));
+        for (int t = fbeg; t < first; ++t) sr[t] = -INFINITY;
         F mx = load(sr);
         for (int g = 1; g < ngc; ++g) mx = max(mx, load(sr + 16 * g));
         const float m_blk = hmax(mx) * scale;
@@ -447,9 +655,15 @@ struct PagedAttention {
         for (int bi = 0; bi < nblk; ++bi)
           vtl[bi] = cache + ((int64_t)bt[b0 + bi] * a.num_kv_heads + h0 + hh) * 2 * tile + tile;
         const size_t r0 = (size_t)hh * hrows;
-        pv(vtl, nblk, nt_last, hrows, s + r0 * ct, pb + r0 * ct, acc + r0 * D);
+        if (R) {
+          if (nt_last % 16) amx_v_tail(vtl[nblk - 1], nt_last & ~15, nt_last, vz);
+          pv_amx(vtl, nblk, nt_last, hrows, R, pb + r0 * ct, acc + r0 * D, vz);
+        } else {
+          pv(vtl, nblk, nt_last, hrows, s + r0 * ct, pb + r0 * ct, acc + r0 * D);
+        }
       }
     }
+    if (R) amx_end();
 
     T* out = (T*)a.out;
     for (int r = 0; r < rows; ++r) {
@@ -479,6 +693,26 @@ struct PagedAttention {
 
   mutable std::atomic<bool> out_of_memory{false};
 
+  // a.write's tokens of requests that are not decodes (the items write the decodes' own)
+  const char* write_non_decodes() const {
+    const WriteKVArgs& w = *a.write;
+    int n_dec = 0;
+    for (int i = 0; i < a.num_reqs; ++i)
+      n_dec += a.query_start_loc[i + 1] - a.query_start_loc[i] == 1 && a.query_start_loc[i] < w.num_tokens;
+    if (n_dec == w.num_tokens) return nullptr;
+    int64_t* slots = (int64_t*)malloc(sizeof(int64_t) * (w.num_tokens > 0 ? w.num_tokens : 1));
+    if (slots == nullptr) return "out of memory (slot mapping)";
+    memcpy(slots, w.slot_mapping, sizeof(int64_t) * w.num_tokens);
+    for (int i = 0; i < a.num_reqs; ++i)
+      if (a.query_start_loc[i + 1] - a.query_start_loc[i] == 1 && a.query_start_loc[i] < w.num_tokens)
+        slots[a.query_start_loc[i]] = -1;
+    WriteKVArgs rest = w;
+    rest.slot_mapping = slots;
+    WriteKV<DT>::run(rest);
+    free(slots);
+    return nullptr;
+  }
+
   // nullptr, or why nothing (or not everything) was computed
   const char* operator()() const {
     // Work items: prefill tiles first (largest), decodes after, so the dynamic hand-out ends
@@ -486,6 +720,8 @@ struct PagedAttention {
     // its sequence when there are enough sequences to keep every thread busy: each block is
     // then read as one contiguous stretch (num_kv_heads x K/V tiles) that the prefetchers
     // stream, instead of a 1/num_kv_heads slice of it.
+    if (a.write)
+      if (const char* e = write_non_decodes()) return e;
     const int threads = threading::resolve_threads(a.num_threads);
     int n_decode = 0;
     for (int i = 0; i < a.num_reqs; ++i)
@@ -518,49 +754,6 @@ struct PagedAttention {
     threading::parallel_run(n_items, threads, &item_fn, ctx);
     free(items);
     return out_of_memory.load() ? "out of memory (per-thread scratch)" : nullptr;
-  }
-};
-
-// ------------------------------------------------------------------------------------------
-// write K/V at the slot mapping
-
-template <int DT>
-struct WriteKV {
-  using E = Elem<DT>;
-  using T = typename E::T;
-  static constexpr int P = E::P;
-  static constexpr int kTokensPerItem = 16;
-
-  static void item_fn(void* ctx, int64_t item, int /*tid*/) {
-    const WriteKVArgs& a = *(const WriteKVArgs*)ctx;
-    const int D = a.head_size, bs = a.block_size;
-    const size_t tile = (size_t)bs * D;
-    T* cache = (T*)a.kv_cache;
-    const int64_t i0 = item * kTokensPerItem;
-    const int64_t i1 = i0 + kTokensPerItem < a.num_tokens ? i0 + kTokensPerItem : a.num_tokens;
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t slot = a.slot_mapping[i];
-      if (slot < 0) continue;
-      const int64_t blk = slot / bs;
-      const int off = (int)(slot % bs);
-      for (int h = 0; h < a.num_kv_heads; ++h) {
-        const T* k = (const T*)a.key + i * a.k_stride_tok + h * a.k_stride_head;
-        const T* v = (const T*)a.value + i * a.v_stride_tok + h * a.v_stride_head;
-        T* kt = cache + (blk * a.num_kv_heads + h) * 2 * tile;
-        T* vt = kt + tile;
-        T* kp = kt + off * P;
-        for (int d = 0; d < D; d += P)
-          for (int e = 0; e < P; ++e) kp[(size_t)(d / P) * bs * P + e] = k[d + e];
-        T* vp = vt + (size_t)(off / P) * D * P + off % P;
-        for (int d = 0; d < D; ++d) vp[(size_t)d * P] = v[d];
-      }
-    }
-  }
-
-  static void run(const WriteKVArgs& a) {
-    const int64_t n_items = (a.num_tokens + kTokensPerItem - 1) / kTokensPerItem;
-    const int threads = n_items >= 8 ? a.num_threads : 1;
-    threading::parallel_run(n_items, threads, &item_fn, (void*)&a);
   }
 };
 
@@ -726,6 +919,10 @@ static const char* check_shape(int dtype, int head_size, int block_size) {
 }
 static const char* paged_attention(const PagedAttentionArgs& a) {
   if (const char* e = check_shape(a.dtype, a.head_size, a.block_size)) return e;
+  if (a.write && (a.write->dtype != a.dtype || a.write->head_size != a.head_size ||
+                  a.write->block_size != a.block_size || a.write->num_kv_heads != a.num_kv_heads ||
+                  a.write->kv_cache != a.kv_cache))
+    return "the K/V to write do not match the attention's cache";
   if (a.num_kv_heads <= 0 || a.num_heads % a.num_kv_heads) return "num_heads must be a multiple of num_kv_heads";
   const char* err = nullptr;
   OCTAVO_DISPATCH_DTYPE(a.dtype, err = PagedAttention<DT>{a}());
@@ -745,7 +942,7 @@ static void rope(const RopeArgs& a) { OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT
 // The table this ISA's translation unit exports (kernels.cpp).
 const Kernels* kernels() {
   static const Kernels table = {kIsaName, kHasBf16Dot, &paged_attention, &write_kv,
-                                &rms_norm, &silu_and_mul, &rope};
+                                &rms_norm, &silu_and_mul, &rope, &attention_amx_ready};
   (void)&isa_name;
   return &table;
 }

@@ -89,10 +89,12 @@ class CpuPlatform(Platform):
 
     @classmethod
     def setup_worker(cls, local_rank: int, world_size: int):
-        """Pin this worker's compute threads (``OCTAVO_CPU_THREADS_BIND``); returns the plan."""
+        """Pin this worker's compute threads (``OCTAVO_CPU_THREADS_BIND``) and keep freed host
+        memory for reuse (``OCTAVO_CPU_MALLOC_RETAIN``); returns the plan."""
+        from octavo.platforms.cpu_memory import retain_freed_memory
         from octavo.platforms.cpu_threads import setup_cpu_threads
 
-        return setup_cpu_threads(local_rank, world_size)
+        return {**setup_cpu_threads(local_rank, world_size), "malloc_retain": retain_freed_memory()}
 
     @classmethod
     def kv_cache_memory_bytes(cls, config, model_bytes: int, peak_bytes: int) -> int:

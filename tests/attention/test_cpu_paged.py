@@ -36,23 +36,28 @@ MIXED = [(0, 7), (33, 1), (17, 20), (0, 1), (63, 1), (64, 1), (5, 70), (200, 1)]
 VARIANTS = cpu_isa.usable_variants()
 
 
-def run_variant(variant, q, k, v, ref_cache, md, scale):
+def run_variant(variant, q, k, v, ref_cache, md, scale, allow_amx=True, fused=False):
+    """write_kv, then paged_attention; ``fused``: one paged_attention call that writes too."""
     ext = cpu_isa.load_variant(variant)
     cache = cache_from_reference(ref_cache)
     m = build_cpu_metadata(md)
-    ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=m.slot_mapping[: md.num_actual_tokens])
+    slots = m.slot_mapping[: md.num_actual_tokens]
+    if not fused:
+        ext.write_kv(key=k, value=v, kv_cache=cache, slot_mapping=slots)
+    write = {"key": k, "value": v, "slot_mapping": slots} if fused else {}
     out = torch.full_like(q, float("nan"))  # poison: every element must be written
     ext.paged_attention(query=q, out=out, kv_cache=cache, query_start_loc=m.query_start_loc,
-                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale)
+                        seq_lens=m.seq_lens, block_table=m.block_table, scale=scale, allow_amx=allow_amx,
+                        **write)
     return out, cache_to_reference(cache, q.shape[-1])
 
 
-def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0):
+def check(variant, seqs, *, heads, kv_heads, head_size, block_size, dtype, seed=0, fused=False):
     q, k, v, cache, md = make_batch(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
                                     block_size=block_size, dtype=dtype, seed=seed)
     scale = head_size**-0.5
     ref_out, ref_cache = reference(q, k, v, cache, md, scale)
-    out, new_cache = run_variant(variant, q, k, v, cache, md, scale)
+    out, new_cache = run_variant(variant, q, k, v, cache, md, scale, fused=fused)
     assert not torch.isnan(out).any(), "unwritten or NaN output"
     assert torch.equal(new_cache.double(), ref_cache.to(dtype).double()), "write_kv is not an exact copy"
     err = rel_err(out, ref_out)
@@ -69,11 +74,82 @@ def test_mixed_batch_every_variant(variant, dtype, head_size):
           dtype=dtype, seed=head_size)
 
 
+# decodes only (>= 4: items of every KV head, and of one), a prefill with decodes, chunked
+# prefills only: the fused call writes decodes inside their items, the other tokens first
+FUSED_BATCHES = {
+    "decodes": [(33, 1), (0, 1), (63, 1), (64, 1), (200, 1), (15, 1)],
+    "few-decodes": [(47, 1), (16, 1)],
+    "mixed": MIXED,
+    "prefills": [(0, 7), (17, 20), (5, 70)],
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("batch", sorted(FUSED_BATCHES))
+def test_attention_that_writes_the_kv_itself(variant, dtype, batch):
+    """paged_attention(key=, value=, slot_mapping=) == write_kv then paged_attention: the same
+    cache, the torch_ref output."""
+    check(variant, FUSED_BATCHES[batch], heads=6, kv_heads=3, head_size=64, block_size=16, dtype=dtype,
+          seed=len(batch), fused=True)
+
+
+def test_fused_write_refuses_mismatched_kv():
+    ext, args, k, v, m = _boundary_case()
+    with pytest.raises(ValueError, match="key .* does not have the cache's KV heads"):
+        ext.paged_attention(**args, key=k[:, :1], value=v[:, :1], slot_mapping=m.slot_mapping)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        ext.paged_attention(**args, key=k, value=v)
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("block_size", [16, 48, 64, 128])
 def test_block_sizes_fp16(variant, block_size):
     check(variant, MIXED, heads=6, kv_heads=3, head_size=64, block_size=block_size, dtype=torch.float16,
           seed=block_size)
+
+
+def nan_past_the_ends(cache, md):
+    """A copy of the reference-layout cache with NaN in every slot past a sequence's end."""
+    cache = cache.clone()
+    bs = cache.shape[2]
+    for i, n in enumerate(md.seq_lens_cpu.tolist()):
+        if n % bs:
+            cache[:, int(md.block_table[i, (n - 1) // bs]), n % bs:] = float("nan")
+    return cache
+
+
+# (heads, kv_heads, head_size, block_size, seqs): GQA groups of 1, 3, 16 and 24 (24: decode
+# items of several heads take the vector path, one-head prefill tiles the AMX one); query tiles
+# whose rows end inside a row tile; >= 4 decodes, so decode items cover every KV head.
+AMX_CASES = [
+    (9, 3, 64, 16, [(0, 70), (33, 50), (250, 1), (17, 1), (64, 1), (5, 1), (100, 1), (31, 1)]),
+    (4, 4, 128, 16, [(0, 130), (20, 9), (47, 1), (3, 1), (90, 1), (16, 1)]),
+    (32, 2, 64, 48, [(0, 9), (40, 1), (7, 20), (1, 1), (95, 1), (2, 1)]),
+    (48, 2, 64, 16, [(0, 5), (40, 1), (7, 3), (1, 1), (95, 1), (2, 1)]),
+    (8, 2, 96, 64, MIXED),
+    (4, 2, 256, 32, MIXED),
+]
+
+
+@pytest.mark.parametrize("allow_amx", [True, False], ids=["amx", "vector"])
+@pytest.mark.parametrize("case", AMX_CASES, ids=lambda c: f"h{c[0]}-kv{c[1]}-d{c[2]}-bs{c[3]}")
+def test_bf16_amx_and_vector_paths(case, allow_amx):
+    """avx512_bf16 on bf16 runs Q.K^T and P.V on AMX tiles where the CPU has them, else (and with
+    allow_amx=False) VDPBF16PS: both against torch_ref, with NaN in the unwritten slots past each
+    sequence's end (a zero probability times NaN there would poison a tile product)."""
+    if "avx512_bf16" not in VARIANTS:
+        pytest.skip("the avx512_bf16 variant does not run here")
+    if allow_amx and not cpu_isa.load_variant("avx512_bf16").attention_amx():
+        pytest.skip("no AMX tiles on this CPU")
+    heads, kv_heads, head_size, block_size, seqs = case
+    q, k, v, cache, md = make_batch(seqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
+                                    block_size=block_size, dtype=torch.bfloat16, seed=head_size + heads)
+    scale = head_size**-0.5
+    ref_out, _ = reference(q, k, v, cache, md, scale)
+    out, _ = run_variant("avx512_bf16", q, k, v, nan_past_the_ends(cache, md), md, scale, allow_amx)
+    assert not torch.isnan(out).any(), "unwritten or NaN output"
+    assert rel_err(out, ref_out) < TOL[torch.bfloat16]
 
 
 @pytest.mark.parametrize("group", [1, 4, 16])

@@ -119,11 +119,12 @@ def write_kv_and_attend(
     slot_mapping: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     block_table: torch.Tensor, scale: float, sliding_window: int, soft_cap: float,
 ) -> torch.Tensor:
-    """The extension's two calls of one layer's step (eager and the graph mode's custom op):
-    write the K/V of the first ``len(slot_mapping)`` tokens (the real ones), then attention of
-    every query token; ``[T, H, D]`` in the cache dtype, rows past the real tokens (padding)
-    zero. Inputs are only brought to the cache's dtype with a unit inner stride; the extension
-    checks the rest."""
+    """One layer's step in one extension call (eager and the graph mode's custom op): write the
+    K/V of the first ``len(slot_mapping)`` tokens (the real ones), then attention of every query
+    token; ``[T, H, D]`` in the cache dtype, rows past the real tokens (padding) zero. (The
+    kernel writes a decode token's K/V in the work item that reads its block, so those cache
+    lines come from memory once.) Inputs are only brought to the cache's dtype with a unit
+    inner stride; the extension checks the rest."""
     dtype, D = kv_cache.dtype, query.shape[-1]
     if query.dtype != dtype or query.stride(-1) != 1 or query.stride(-2) != D:
         query = query.to(dtype).contiguous()
@@ -132,13 +133,13 @@ def write_kv_and_attend(
     if value.dtype != dtype or value.stride(-1) != 1:
         value = value.to(dtype).contiguous()
     n = slot_mapping.shape[0]
-    ext.write_kv(key=key, value=value, kv_cache=kv_cache, slot_mapping=slot_mapping)
     out = torch.empty(query.shape, dtype=dtype)
     if query.shape[0] > n:
         out[n:].zero_()
     ext.paged_attention(
         query=query, out=out, kv_cache=kv_cache, query_start_loc=query_start_loc, seq_lens=seq_lens,
         block_table=block_table, scale=scale, sliding_window=sliding_window, soft_cap=soft_cap,
+        key=key, value=value, slot_mapping=slot_mapping,
     )
     return out
 
