@@ -46,6 +46,10 @@ class InStepLauncher:
         self.launches = 0  # steps whose proposals were queued in the step (tests and benchmarks read it)
         self.enabled = True  # benchmarks turn it off to time proposals after the step on one engine
 
+    def forget(self) -> None:
+        """A launch is for the step that made it: the next step drops what was not taken."""
+        self._launched = None
+
     def applies(self, batch, step) -> bool:
         """A pure decode/verify step whose rows the draft has caught up, on one rank."""
         d = self.d

@@ -302,6 +302,8 @@ class ModelRunner:
         spec, on_device = so.scheduled_spec_decode_tokens, {}
         if self.device_drafts is not None:
             spec, on_device = DeviceDrafts.split(spec)
+            if self.eagle is None:
+                self.drafter.in_step.forget()
         for rid, drafts in spec.items():
             batch.write_drafts(batch.row_of[rid], drafts)
         self._step_device_drafts = self._device_draft_rows(on_device) if on_device else None

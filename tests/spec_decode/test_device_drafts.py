@@ -78,6 +78,29 @@ def test_in_step_proposals_equal_proposals_after_the_step(llama_dir, small_draft
     assert queued[0] == host[0] and queued[1] > 0
 
 
+def test_take_hands_out_only_the_last_launch_for_the_same_occupancies():
+    from types import SimpleNamespace
+
+    from octavo.spec_decode.draft_in_step import InStepLauncher
+
+    d = SimpleNamespace(k=2, block_size=16, transfer=_Host(), computed=np.zeros(4, dtype=np.int64),
+                        fed=np.zeros(4, dtype=np.int64), serial=np.zeros(4, dtype=np.int64))
+    batch = SimpleNamespace(max_num_reqs=4, serial=np.array([5, 6, 7, 8]), num_tokens=np.array([10, 20, 30, 40]),
+                            num_blocks=np.array([1, 2, 2, 3]))
+    launcher = InStepLauncher(d)
+    drafts = torch.tensor([[1, 2], [3, 4]])
+    launcher._launched = (np.array([2, 0]), batch.serial[[2, 0]].copy(), drafts)
+    got, counts = launcher.take(batch, np.array([0]), np.array([1]))  # a subset of the launch's rows
+    assert got.tolist() == [[3, 4]] and counts.tolist() == [1]
+    assert (d.computed[0], d.fed[0], d.serial[0]) == (10, 11, 5)  # as ``propose`` records it
+    assert launcher.take(batch, np.array([0]), np.array([1])) is None  # taken once
+    launcher._launched = (np.array([2]), np.array([99]), drafts[:1])
+    assert launcher.take(batch, np.array([2]), np.array([2])) is None  # another occupancy of the row
+    launcher._launched = (np.array([2]), batch.serial[[2]].copy(), drafts[:1])
+    launcher.forget()  # the next step started before the proposal
+    assert launcher.take(batch, np.array([2]), np.array([2])) is None
+
+
 def test_keep_hands_out_placeholders_and_keeps_old_ids_under_padding():
     dd = DeviceDrafts(4, 3, torch.device("cpu"), _Host())
     ph = dd.keep(np.array([2, 0]), torch.tensor([[5, 6, 7], [8, -1, -1]]), np.array([3, 1]))
