@@ -9,7 +9,8 @@ the target's tensors and the draft's K/V in the draft's, so the scheduler and th
 manager are unchanged and the bytes of one block (``kv_bytes_per_block``) count both models.
 
 Proposing for a request (after its step, when all its known tokens but the last are
-computed by the target):
+computed by the target; on an accelerator a step of caught-up decoding rows queues the same
+proposals inside the step instead, see ``draft_in_step``):
 
 1. catch up: the draft computes the known tokens it has not computed yet (the whole prompt
    the first time, later the accepted drafts and the new token), in chunks of at most
