@@ -74,12 +74,15 @@ class Timers:
         return timed
 
 
-def instrument(timers: Timers, name: str, engine) -> None:
-    for label, path, attr in INSTANCE_PHASES:
+def instrument(timers: Timers, name: str | None, engine, phases=INSTANCE_PHASES) -> None:
+    """Wrap each ``(label, attribute path from engine, method)`` of ``phases`` that the engine
+    has (a missing part of a path skips the phase); ``name``: the engine charged, None: whichever
+    ``timers.engine`` names at the time."""
+    for label, path, attr in phases:
         owner = engine
         for part in filter(None, path.split(".")):
-            owner = getattr(owner, part)
-        if hasattr(owner, attr):
+            owner = getattr(owner, part, None)
+        if owner is not None and hasattr(owner, attr):
             setattr(owner, attr, timers.wrap(label, getattr(owner, attr), name))
 
 

@@ -190,7 +190,7 @@ PHASES = [
 def profile_modes(llm, modes: dict, args: argparse.Namespace, out: Path) -> None:
     """Per mode: host microseconds per step of each phase (no added synchronization), then a
     torch.profiler trace of a few steps with its kernel and host-op tables."""
-    from profile_spec_step import Timers
+    from profile_spec_step import Timers, instrument
     from torch.profiler import ProfilerActivity, profile
 
     from octavo.platforms import current_platform
@@ -198,12 +198,7 @@ def profile_modes(llm, modes: dict, args: argparse.Namespace, out: Path) -> None
     out.mkdir(parents=True, exist_ok=True)
     engine, core = llm.llm_engine, llm.llm_engine.core
     timers = Timers()
-    for label, path, attr in PHASES:
-        owner = engine
-        for part in filter(None, path.split(".")):
-            owner = getattr(owner, part, None)
-        if owner is not None and hasattr(owner, attr):
-            setattr(owner, attr, timers.wrap(label, getattr(owner, attr)))
+    instrument(timers, None, engine, PHASES)
     report = {}
     for mode, proposer in modes.items():
         core.proposer = proposer

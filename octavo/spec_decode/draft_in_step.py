@@ -83,21 +83,22 @@ class InStepLauncher:
         drafts = torch.empty((b, d.k), dtype=torch.int64, device=d.device)
         ids = torch.stack((step.input_ids[first + accepted], bonus), dim=1).reshape(-1)
         pos = (pos0[:, None] + torch.arange(2, device=d.device)).reshape(-1)
-        drafts[:, 0] = self._pass(batch, rows, ids, pos, 2, upper)
+        table = d._block_table(batch, rows, upper, True)  # every pass's: rows' blocks + scratch
+        drafts[:, 0] = self._pass(table, ids, pos, 2, upper)
         for j in range(1, d.k):
-            drafts[:, j] = self._pass(batch, rows, drafts[:, j - 1], pos0 + 1 + j, 1, upper)
+            drafts[:, j] = self._pass(table, drafts[:, j - 1], pos0 + 1 + j, 1, upper)
         self._launched = (rows.copy(), batch.serial[rows].copy(), drafts)
         self.launches += 1
         return True
 
-    def _pass(self, batch, rows: np.ndarray, ids: torch.Tensor, pos: torch.Tensor, q: int,
+    def _pass(self, table: np.ndarray, ids: torch.Tensor, pos: torch.Tensor, q: int,
               upper: np.ndarray) -> torch.Tensor:
-        """One draft forward of ``q`` tokens per row, inputs on the device; its greedy next
-        token after each row's last one. The host stages what does not depend on the step's
-        outcome (block tables, query layout) with bounds, the device writes the rest."""
+        """One draft forward of ``q`` tokens per row (``table``: the rows' block tables), inputs
+        on the device; its greedy next token after each row's last one. The host stages what
+        does not depend on the step's outcome (block tables, query layout) with bounds, the
+        device writes the rest."""
         d = self.d
-        b, t, bs = len(rows), len(rows) * q, d.block_size
-        table = d._block_table(batch, rows, upper, True)
+        b, t, bs = len(table), len(table) * q, d.block_size
         gr = d.graph_runner
         pad = gr.padded_size(b, t, q) if gr is not None else None
         zeros = np.zeros(t, dtype=np.int64)
