@@ -102,11 +102,11 @@ def instrument_globals(timers: Timers) -> None:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--num-speculative-tokens", type=int, default=4)
-    p.add_argument("--prompt-lookup-min", type=int, default=2)
+    p.add_argument("--prompt-lookup-min", type=int, default=1)
     p.add_argument("--prompt-lookup-max", type=int, default=5)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--json-out", default=None)
     return p.parse_args()
 

@@ -3,14 +3,17 @@
 For a context ``t[0..L)`` the proposer looks for an earlier occurrence of its last ``n``
 tokens, longest ``n`` first (``prompt_lookup_max`` down to ``prompt_lookup_min``), and
 proposes the (up to ``k``) tokens that followed that occurrence. Among occurrences of the
-longest matching suffix the earliest wins (vLLM's choice: for code editing that is the
-original text in the prompt).
+longest matching suffix the most recent wins. (vLLM takes the earliest. Where the output copies
+the prompt the two choose the same span almost always — on the code-editing benchmark's exact
+rewrite both give 4.86 tokens per step at k = 4 — but where the output repeats itself, as small
+models' greedy output does, the latest occurrence is the one being repeated: 2.0 vs 1.75 tokens
+per step on the shipped model's output, k = 4, ``prompt_lookup_min`` 1.)
 
 Vectorised: one whole-array comparison finds the candidate end positions ``e < L - 1`` with
 ``t[e] == t[L - 1]``; each further step ``i < prompt_lookup_max`` keeps the candidates with
 ``t[e - i] == t[L - 1 - i]`` (an array op over the survivors, which thin out fast). The last
-non-empty set holds the ends of the longest match, in increasing order. No Python loop runs over
-the history.
+non-empty set holds the ends of the longest match, in increasing order; the last is taken. No
+Python loop runs over the history.
 
 Each request's tokens are kept in a numpy buffer that grows by the tokens appended since the
 last proposal (``Request.all_token_ids`` only ever grows), so a step converts a few new tokens,
@@ -82,7 +85,7 @@ class TokenBuffer:
 
 
 def longest_match_end(t: np.ndarray, min_n: int, max_n: int) -> int:
-    """End index ``e < len(t) - 1`` of the earliest occurrence of the longest suffix of ``t``
+    """End index ``e < len(t) - 1`` of the latest occurrence of the longest suffix of ``t``
     with ``min_n <= n <= max_n`` tokens that also ends at ``e``; -1 when there is none."""
     n_ctx = t.shape[0]
     max_n = min(max_n, n_ctx - 1)
@@ -96,4 +99,4 @@ def longest_match_end(t: np.ndarray, min_n: int, max_n: int) -> int:
         if not longer.size:
             break
         ends, n = longer, n + 1
-    return int(ends[0]) if ends.size and n >= min_n else -1
+    return int(ends[-1]) if ends.size and n >= min_n else -1

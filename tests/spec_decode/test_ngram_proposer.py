@@ -11,7 +11,7 @@ def _reference(t: list[int], lo: int, hi: int) -> int:
     n_ctx = len(t)
     for n in range(min(hi, n_ctx - 1), lo - 1, -1):
         suffix = t[n_ctx - n :]
-        for start in range(0, n_ctx - n):  # earliest occurrence first, the suffix itself excluded
+        for start in range(n_ctx - n - 1, -1, -1):  # latest occurrence first, the suffix itself excluded
             if t[start : start + n] == suffix:
                 return start + n - 1
     return -1
@@ -30,9 +30,11 @@ def test_proposes_what_followed_the_longest_match():
     p = NgramProposer(SpeculativeConfig("ngram", 3, 1, 3))
     #            0  1  2  3  4  5  6  7  8  9
     history = [1, 2, 3, 9, 2, 3, 4, 5, 7, 2, 3]
-    # [7, 2, 3] never occurred before; [2, 3] first ends at index 2, followed by 9, 2, 3
-    assert p.propose(history) == [9, 2, 3]
-    assert p.propose(history, max_tokens=1) == [9]
+    # [7, 2, 3] never occurred before; [2, 3] ends at indices 2 and 5: the latest, 5, is followed
+    # by 4, 5, 7
+    assert p.propose(history) == [4, 5, 7]
+    assert p.propose(history, max_tokens=1) == [4]
+    assert p.propose([9, 1, 2, 1, 2]) == [1, 2]  # fewer than k tokens follow the latest match
     assert p.propose([1, 2, 3, 4]) == []  # no earlier occurrence of any suffix
     assert p.propose([5, 5]) == [5]  # only one token follows the match
     longer = NgramProposer(SpeculativeConfig("ngram", 2, 2, 2))

@@ -3,9 +3,9 @@ draws with n-gram speculation on match speculation off (chi-squared, p > 0.001),
 temperature 1, top-p 0.9, top-k 5.
 
 The model is the shipped one (trained on Python: its distributions are peaked, so drafts are
-accepted often enough to matter), the prompt a few Python functions: after the first sampled
-token prompt lookup usually finds a match, so tokens 2 and 3 of most draws go through
-verification, with acceptances and rejections. Seeds are deterministic (one ``n = 20000``
+accepted often enough to matter), the prompt two Python getters: the model mostly starts a
+third function, and prompt lookup drafts from the latest one, so tokens 2 and 3 of about half
+the draws go through verification, with acceptances and rejections. Seeds are deterministic (one ``n = 20000``
 request: child ``i`` has seed ``i``), so the test cannot flake. With one-hot drafts the
 verification is coupled to the ordinary sampler's per-position noise, so seeded draws are in
 fact identical; the test checks the distribution first, then that.
@@ -33,7 +33,7 @@ def _chi2_p_value(a: Counter, b: Counter) -> float:
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
 
-PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef mul(a, b):\n"
+PROMPT = "def _get_a(self):\n    return self._a\n\n\ndef _get_b(self):\n    return self._b\n\n\n"
 
 
 def _draws(spec: dict | None, draws: int):
