@@ -2,8 +2,8 @@
 
 Invariant: once ready, the matcher has accepted exactly the request's output tokens that
 count for the constraint (all of them, or those after the reasoning section when a reasoning
-parser is set), in order. Preemption by recompute keeps the output tokens, so the matcher
-keeps its state; nothing is ever removed from the output, so no rollback is needed.
+parser is set, up to the grammar's stop token), in order. Preemption by recompute keeps the
+output tokens, so the matcher keeps its state; nothing is ever removed from the output.
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ class StructuredOutputRequest:
 
     @property
     def constrains_next(self) -> bool:
-        """The next token is masked (always but while thinking)."""
-        return self.reasoning_state != "thinking"
+        """The next token is masked: always but while thinking, and once the grammar has
+        terminated (accepted its stop token; see ``_advance``)."""
+        return self.reasoning_state != "thinking" and not self.matcher.is_terminated()
 
     def is_ready(self) -> bool:
         """The grammar compiled and the matcher exists. Never blocks. After a failed compile
@@ -61,36 +62,46 @@ class StructuredOutputRequest:
             pass
 
     def accept_tokens(self, token_ids: list[int]) -> bool:
-        """Advance the matcher; False when a token breaks the grammar (the mask forbids that).
-
-        While reasoning, tokens only go to a short tail that is searched for the end marker;
-        the tokens after the marker are the first the grammar sees."""
-        if self.reasoning_state == "maybe" and token_ids:
-            opened = token_ids[0] == self._start_ids[0]
-            self.reasoning_state = "thinking" if opened else "ended"
-        if self.reasoning_state == "thinking":
-            token_ids = self._after_reasoning(token_ids)
+        """Advance by the step's new tokens (accepted drafts, then the sampled one); False when
+        a token breaks the grammar (the mask forbids that, so it means a bug; logged)."""
         for t in token_ids:
-            if self.matcher.is_terminated() or not self.matcher.accept_token(t):
+            if self._advance(t) is None:
                 logger.error("structured output: token %d is not allowed by the grammar", t)
                 return False
         return True
 
-    def _after_reasoning(self, token_ids: list[int]) -> list[int]:
-        from octavo.structured_output.reasoning import find_last
+    def _advance(self, token: int) -> bool | None:
+        """Feed one token. None: the constraint refuses it (nothing changed); else whether the
+        matcher took a step. Tokens go, in turn:
 
-        end = self._end_ids
-        keep = len(end) - 1
-        tail = self._reasoning_tail + list(token_ids)
-        pos = find_last(tail, end)
-        if pos < 0:
-            self._reasoning_tail = tail[-keep:] if keep else []
-            return []
-        self.reasoning_state = "ended"
-        self._reasoning_tail = []
-        return tail[pos:]
+        - state ``maybe``: the start marker's first token opens the reasoning section,
+          anything else is the answer's first token (the grammar's, from here on);
+        - ``thinking``: free text, kept in a short tail searched for the end marker; the
+          first complete end marker ends the section (the grammar sees the next token first);
+        - ``ended``: the matcher; once it has accepted a stop token (terminated) the grammar
+          constrains nothing more (vLLM's rule; only ``ignore_eos`` keeps a request going past
+          its stop token), so later tokens pass unchecked.
+        """
+        if self.reasoning_state == "maybe" and token == self._start_ids[0]:
+            self.reasoning_state = "thinking"
+            return False
+        if self.reasoning_state == "thinking":
+            end = self._end_ids
+            tail = (self._reasoning_tail + [token])[-len(end):]  # a new list: snapshots stay valid
+            if tail == end:
+                self.reasoning_state, self._reasoning_tail = "ended", []
+            else:
+                self._reasoning_tail = tail
+            return False
+        if self.matcher.is_terminated():
+            return False
+        if not self.matcher.accept_token(token):
+            return None
+        self.reasoning_state = "ended"  # from ``maybe``: the answer has begun
+        return True
 
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
+        """The mask of the next token (only while ``constrains_next``)."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
         self.allow_reasoning_start(bitmask, row)
 

@@ -110,9 +110,11 @@ def test_matcher_follows_accepted_tokens(pool, tokenizer_dir):
     allowed = {t for t in range(512) if bitmask[0, t // 32] >> (t % 32) & 1}
     assert allowed and all(tok.decode([t]) and tok.decode([t])[0] in "ac" for t in allowed)
     ids = tok.encode("ab", add_special_tokens=False)
+    assert not sor.accept_tokens(tok.encode("x", add_special_tokens=False))  # refused: an error
     assert sor.accept_tokens(ids)
     assert sor.accept_tokens([0]) and sor.is_terminated()  # EOS ends the grammar
-    assert not sor.accept_tokens([ids[0]])
+    assert not sor.constrains_next  # ... and its mask (ignore_eos goes on unconstrained)
+    assert sor.accept_tokens([ids[0]])
 
 
 def test_scheduler_holds_a_request_until_its_grammar_is_ready(pool):
