@@ -490,7 +490,7 @@ class ModelRunner:
         sampled = None if idx is None else self._sample(step, hidden[idx], so)
         if self.eagle is not None:  # before the next forward reuses the hidden-state buffer
             self.eagle.absorb(self.input_batch, step, hidden, idx, sampled)
-        elif self.device_drafts is not None and sampled is not None and not so.structured_output_request_ids:
+        elif self.device_drafts is not None and sampled is not None:
             self.drafter.in_step.launch(self.input_batch, step, sampled)  # the next drafts, queued now
         handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
         self._unresulted.append(handle)
@@ -597,7 +597,19 @@ class ModelRunner:
             if queued is None:
                 queued = self.drafter.propose_on_device(self.input_batch, rows, counts)
             drafts = self.device_drafts.keep(rows, *queued)
+            self._read_back_grammar_drafts(rows, drafts)
         return dict(zip(req_ids, drafts, strict=True))
+
+    def _read_back_grammar_drafts(self, rows: np.ndarray, drafts: list[list[int]]) -> None:
+        """Replace the placeholders of grammar-constrained rows by their drafts' values (waits
+        for the draft passes): the engine validates them against the grammar and masks each
+        verified position, on the host. Other rows keep placeholders."""
+        host = np.flatnonzero(self.input_batch.has_grammar[rows])
+        if not len(host):
+            return
+        counts = np.fromiter((len(drafts[i]) for i in host.tolist()), dtype=np.int64, count=len(host))
+        for i, values in zip(host.tolist(), self.device_drafts.materialize(rows[host], counts), strict=True):
+            drafts[i] = values
 
     def _pending(self) -> SampledTokens | None:
         """Tokens of the last launched step not yet on the host (None when all are)."""
