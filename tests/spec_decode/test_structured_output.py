@@ -207,3 +207,31 @@ def test_device_drafts_of_grammar_requests_are_read_back(in_step):
     assert seen[False] and all(set(d) == {DEVICE_DRAFT} for d in seen[False])
     assert any(launches_with_grammar) == in_step
     llm.shutdown()
+
+
+@pytest.mark.parametrize("on_device", [False, True], ids=["host", "device"])
+def test_eagle_drafts_for_grammar_requests(attention_free_target, on_device):
+    """EAGLE (the mirror head: every draft is the target's unconstrained greedy token) on the
+    fixture Llama under a grammar that changes its output: the drafts the grammar refuses are
+    dropped, the rest all accepted; output equals speculation off, with the head's drafts on
+    the host or kept on the device (read back for these requests)."""
+    from octavo.spec_decode.device_drafts import DeviceDrafts
+    from tests.spec_decode.test_eagle import eagle_spec
+
+    target, head = attention_free_target
+    regex = "[a-z ]{1,80}"
+    params = SamplingParams(max_tokens=30, temperature=0, structured_outputs=StructuredOutputsParams(regex=regex))
+    prompts = ["abc-12 ab abc", "def f(x): return x"]
+    outs = {}
+    for spec in (None, eagle_spec(head, k=3)):
+        llm = LLM(target, dtype="float32", speculative_config=spec)
+        runner = llm.llm_engine.core.runner
+        if spec is not None and on_device:
+            runner.device_drafts = DeviceDrafts(llm.llm_engine.config.scheduler_config.max_num_seqs, 3,
+                                                runner.device, runner.transfer)
+        outs[spec is None] = [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+        stats = llm.llm_engine.get_stats()
+        llm.shutdown()
+    assert [c.token_ids for c in outs[False]] == [c.token_ids for c in outs[True]]
+    assert all(re.fullmatch(regex, c.text) for c in outs[False])
+    assert 0 < stats.spec_num_accepted_tokens == stats.spec_num_draft_tokens
