@@ -19,6 +19,18 @@ accepted tokens, which async scheduling would not have yet, so async scheduling 
 stay on the device: the scheduler gets placeholders (it needs only their number), and the host
 schedules and stages the verifying step while the draft passes still run
 (``octavo.spec_decode.device_drafts``).
+
+Requests with a structured-output grammar are drafted for too. Their drafts come to the host
+(the runner reads a grammar row's device drafts back), and the engine keeps the longest prefix
+the grammar accepts (``StructuredOutputRequest.validate_drafts``): a masked position can never
+sample a refused token, so a refused draft and those after it could never be accepted. The
+step's bitmask then has one row per verified position, row ``i`` the grammar's state after
+drafts ``0..i-1`` (``StructuredOutputManager.grammar_bitmask``), and the sampler masks the
+target's logits at every position before verification, the bonus token's too; the matcher
+then advances by the accepted drafts and the sampled token. So output is the same as without
+speculation, greedy or seeded. With ``--reasoning-parser`` the look-ahead follows the
+reasoning state through the drafts: positions inside the reasoning section are not masked,
+those after its end marker are, even within one step's drafts.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from octavo.core.outputs import EngineCoreOutput, SchedulerStats
 from octavo.core.request import Request, RequestStatus
 from octavo.core.scheduler import Scheduler
 from octavo.core.scheduler_output import SchedulerOutput
+from octavo.spec_decode.device_drafts import DEVICE_DRAFT
 from octavo.spec_decode.proposer import make_proposer
 
 logger = logging.getLogger(__name__)
@@ -135,17 +148,17 @@ class EngineCore:
         return failed + outputs
 
     def _propose_drafts(self) -> None:
-        """Draft tokens for every running request that decodes next step (not for grammar-
-        constrained ones: their bitmask covers one position per step). A request still holding
-        unverified drafts was not scheduled since they were proposed (paused, or out of budget):
-        its context is unchanged, so are its drafts."""
+        """Draft tokens for every running request that decodes next step. A grammar-constrained
+        request keeps the longest prefix of its drafts that its grammar accepts (the rest could
+        never be accepted); the step then masks each verified position with its own row.
+        A request still holding unverified drafts was not scheduled since they were proposed
+        (paused, or out of budget): its context is unchanged, so are its drafts."""
         sched = self.scheduler
         if sched.kv_key_fn is not None:  # length-dependent RoPE: the scheduler drafts nothing
             return
         reqs, rooms = [], []
         for req in sched.running:
-            if (req.num_computed_tokens != req.num_tokens - 1 or req.structured_output_request is not None
-                    or req.spec_token_ids):
+            if req.num_computed_tokens != req.num_tokens - 1 or req.spec_token_ids:
                 continue
             room = sched.max_seq_len - req.num_tokens
             if req.max_tokens is not None:
@@ -154,6 +167,12 @@ class EngineCore:
                 reqs.append(req)
                 rooms.append(room)
         for req, drafts in zip(reqs, self.proposer.propose_batch(reqs, rooms), strict=True):
+            sor = req.structured_output_request
+            if sor is not None and drafts:
+                if drafts[0] == DEVICE_DRAFT:
+                    raise RuntimeError(f"request {req.request_id!r} has a structured-output grammar but its "
+                                       "drafts stayed on the device; the runner must read them back")
+                drafts = sor.validate_drafts(drafts)
             req.spec_token_ids = drafts
 
     def _schedule(self) -> SchedulerOutput:

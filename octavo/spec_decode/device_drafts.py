@@ -15,7 +15,10 @@ Invariants:
   a stale entry (the row changed hands since) is still a token, and verification is exact
   for any draft (it only lowers acceptance), so a stale read can never change output.
 - Rows whose sampling reads their output history on the host (penalties, bad words) get
-  their drafts' values read back before the step (``materialize``), like host drafts.
+  their drafts' values read back before the step (``materialize``), like host drafts; rows
+  of grammar-constrained requests as soon as they are proposed (the engine validates them
+  against the grammar and builds a mask per position before scheduling), so the scheduler
+  never sees placeholders for them.
 """
 
 from __future__ import annotations

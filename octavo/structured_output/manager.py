@@ -5,9 +5,15 @@
 - ``poll()``: requests whose grammar failed to compile (the engine finishes them with the
   error; the input processor has already refused anything that does not parse, so this is
   rare).
-- ``grammar_bitmask(scheduler_output)``: one packed row (int32, bit ``t % 32`` of word
-  ``t // 32`` set when token ``t`` is allowed) per structured request that samples in this
-  step, filled from its matcher; the runner hands the rows to the sampler.
+- ``grammar_bitmask(scheduler_output)``: packed rows (int32, bit ``t % 32`` of word
+  ``t // 32`` set when token ``t`` is allowed) for each structured request that samples in
+  this step, filled from its matcher: one row, or ``1 + k`` when it verifies ``k`` drafts (one
+  per verified position, the drafts accepted tentatively, then rolled back); the runner hands
+  the rows to the sampler, which masks every position before rejection sampling.
+
+Speculative decoding: the engine passes a grammar request's proposed drafts through
+``StructuredOutputRequest.validate_drafts`` first (the longest prefix the grammar accepts), so
+every scheduled draft is grammar-valid and each row above is well defined.
 
 Async scheduling: a structured request's next mask needs its previous token on the host, so
 ``SamplingParams.needs_output_history`` is true for it and the engine does not overlap steps
@@ -108,29 +114,55 @@ class StructuredOutputManager:
             self._pending[0].structured_output_request.wait(IDLE_WAIT_S)
 
     def grammar_bitmask(self, so: SchedulerOutput) -> None:
-        """Set ``so.structured_output_request_ids`` and ``so.grammar_bitmask`` (rows in that order)."""
-        sampling = [
-            (rid, req.structured_output_request)
-            for rid, req in so.scheduled_requests.items()
-            if req.structured_output_request is not None and req.num_output_placeholders > 0
-            and req.structured_output_request.constrains_next
-        ]
-        if not sampling:
+        """Set ``so.structured_output_request_ids`` and ``so.grammar_bitmask``: for each listed
+        request, in that order, ``1 + k`` rows when it verifies ``k`` drafts this step (row ``i``:
+        the mask after drafts ``0..i-1``; see ``StructuredOutputRequest.fill_bitmask_rows``),
+        else one. A request none of whose positions is masked (reasoning) is not listed."""
+        spec = so.scheduled_spec_decode_tokens
+        listed: list[tuple[str, StructuredOutputRequest, list[int]]] = []
+        for rid, req in so.scheduled_requests.items():
+            sor = req.structured_output_request
+            if sor is None or req.num_output_placeholders == 0:
+                continue
+            drafts = spec.get(rid, []) if spec else []
+            if drafts or sor.constrains_next:  # drafts may cross the reasoning end marker
+                listed.append((rid, sor, drafts))
+        if not listed:
             return
-        bitmask = np.full((len(sampling), self.bitmask_width), -1, dtype=np.int32)
-        matchers = [sor.matcher for _, sor in sampling]
-        if len(matchers) == 1:
-            matchers[0].fill_next_token_bitmask(bitmask, 0)
+        counts = np.fromiter((len(d) + 1 for _, _, d in listed), dtype=np.int64, count=len(listed))
+        starts = np.cumsum(counts) - counts
+        bitmask = np.full((int(counts.sum()), self.bitmask_width), -1, dtype=np.int32)
+        masked = np.ones(len(listed), dtype=bool)
+        single: list[int] = []  # requests with one position: filled in one batch call
+        for i, (_, sor, drafts) in enumerate(listed):
+            if drafts:
+                masked[i] = sor.fill_bitmask_rows(bitmask, int(starts[i]), drafts)
+            else:
+                single.append(i)
+        self._fill_single_rows(bitmask, [listed[i][1] for i in single], starts[single].tolist())
+        if not masked.all():  # every position of these is reasoning: no rows
+            keep = np.repeat(masked, counts)
+            bitmask = bitmask[keep]
+            listed = [entry for entry, m in zip(listed, masked.tolist(), strict=True) if m]
+            if not listed:
+                return
+        so.structured_output_request_ids = [rid for rid, _, _ in listed]
+        so.grammar_bitmask = bitmask
+
+    def _fill_single_rows(self, bitmask: np.ndarray, sors: list[StructuredOutputRequest], rows: list[int]) -> None:
+        """Fill ``rows[i]`` from ``sors[i]``'s current state (each ``constrains_next``)."""
+        if not sors:
+            return
+        if len(sors) == 1:
+            sors[0].matcher.fill_next_token_bitmask(bitmask, rows[0])
         else:
             if self._batch_matcher is None:
                 import xgrammar as xgr
 
                 self._batch_matcher = xgr.BatchGrammarMatcher()
-            self._batch_matcher.batch_fill_next_token_bitmask(matchers, bitmask)
-        for row, (_, sor) in enumerate(sampling):
+            self._batch_matcher.batch_fill_next_token_bitmask([s.matcher for s in sors], bitmask, rows)
+        for row, sor in zip(rows, sors, strict=True):
             sor.allow_reasoning_start(bitmask, row)
-        so.structured_output_request_ids = [rid for rid, _ in sampling]
-        so.grammar_bitmask = bitmask
 
     def shutdown(self) -> None:
         if self._pool is not None:

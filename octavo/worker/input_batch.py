@@ -71,6 +71,9 @@ class InputBatch:
         self.has_allowed = np.zeros(r, dtype=bool)
         self.has_bias = np.zeros(r, dtype=bool)
         self.has_bad_words = np.zeros(r, dtype=bool)
+        # A structured-output grammar: the engine validates the row's drafts and builds one
+        # mask per verified position on the host, so its drafts never stay on the device.
+        self.has_grammar = np.zeros(r, dtype=bool)
         self.allowed_token_ids: list[np.ndarray | None] = [None] * r
         self.logit_bias: list[tuple[np.ndarray, np.ndarray] | None] = [None] * r
         self.bad_words: list[list[list[int]] | None] = [None] * r
@@ -133,6 +136,7 @@ class InputBatch:
         self.has_allowed[row] = self.allowed_token_ids[row] is not None
         self.has_bias[row] = self.logit_bias[row] is not None
         self.has_bad_words[row] = self.bad_words[row] is not None
+        self.has_grammar[row] = p.structured_outputs is not None
         stop_ids = set(p.stop_token_ids or ())
         if eos_token_id is not None and not p.ignore_eos:
             stop_ids.add(eos_token_id)
@@ -153,7 +157,7 @@ class InputBatch:
         self.allowed_token_ids[row] = None
         self.logit_bias[row] = None
         self.bad_words[row] = None
-        self.has_allowed[row] = self.has_bias[row] = self.has_bad_words[row] = False
+        self.has_allowed[row] = self.has_bias[row] = self.has_bad_words[row] = self.has_grammar[row] = False
         self._free_rows.append(row)
 
     def append_block_ids(self, row: int, block_ids: list[list[int]]) -> None:

@@ -490,7 +490,7 @@ class ModelRunner:
         sampled = None if idx is None else self._sample(step, hidden[idx], so)
         if self.eagle is not None:  # before the next forward reuses the hidden-state buffer
             self.eagle.absorb(self.input_batch, step, hidden, idx, sampled)
-        elif self.device_drafts is not None and sampled is not None and not so.structured_output_request_ids:
+        elif self.device_drafts is not None and sampled is not None:
             self.drafter.in_step.launch(self.input_batch, step, sampled)  # the next drafts, queued now
         handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
         self._unresulted.append(handle)
@@ -554,19 +554,29 @@ class ModelRunner:
     def _token_bitmask(
         self, so: SchedulerOutput, step: StepInputs, layout: DraftLayout | None
     ) -> tuple[list[int], torch.Tensor] | None:
-        """The scheduler's grammar bitmask rows laid out as the sampling rows (others all-ones;
-        grammar-constrained requests verify no drafts, so each has one position)."""
+        """The scheduler's grammar bitmask rows laid out as the sampling positions (others
+        all ones): a listed request has one row per position it samples (``1 + k`` when it
+        verifies ``k`` drafts), in the order of ``so.structured_output_request_ids``."""
         if not so.structured_output_request_ids:
             return None
         sample_pos = np.nonzero(step.sample_mask)[0]
-        starts = range(len(sample_pos)) if layout is None else layout.starts.tolist()
-        row_of = {step.req_ids[p]: s for p, s in zip(sample_pos.tolist(), starts, strict=True)}
-        rows = [row_of[r] for r in so.structured_output_request_ids]
+        index_of = {step.req_ids[p]: i for i, p in enumerate(sample_pos.tolist())}
+        ids = so.structured_output_request_ids
+        idx = np.fromiter((index_of[r] for r in ids), dtype=np.int64, count=len(ids))
+        if layout is None:
+            rows, num_positions = idx, len(sample_pos)
+        else:
+            counts = layout.counts[idx]
+            first = np.cumsum(counts) - counts
+            rows = np.repeat(layout.starts[idx] - first, counts) + np.arange(int(counts.sum()))
+            num_positions = len(layout.seg)
         packed = np.asarray(so.grammar_bitmask, dtype=np.int32)  # a list after msgpack (workers)
-        num_positions = len(sample_pos) if layout is None else len(layout.seg)
+        if packed.shape[0] != len(rows):
+            raise RuntimeError(f"the grammar bitmask has {packed.shape[0]} rows for {len(rows)} positions of "
+                               f"the structured-output requests {ids}")
         bitmask = np.full((num_positions, packed.shape[1]), -1, dtype=np.int32)
         bitmask[rows] = packed
-        return rows, self.transfer.to_device(bitmask)
+        return rows.tolist(), self.transfer.to_device(bitmask)
 
     def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]]:
         """Draft-model / EAGLE proposals: up to ``num_drafts[req_id]`` drafts for each request, whose
@@ -587,7 +597,19 @@ class ModelRunner:
             if queued is None:
                 queued = self.drafter.propose_on_device(self.input_batch, rows, counts)
             drafts = self.device_drafts.keep(rows, *queued)
+            self._read_back_grammar_drafts(rows, drafts)
         return dict(zip(req_ids, drafts, strict=True))
+
+    def _read_back_grammar_drafts(self, rows: np.ndarray, drafts: list[list[int]]) -> None:
+        """Replace the placeholders of grammar-constrained rows by their drafts' values (waits
+        for the draft passes): the engine validates them against the grammar and masks each
+        verified position, on the host. Other rows keep placeholders."""
+        host = np.flatnonzero(self.input_batch.has_grammar[rows])
+        if not len(host):
+            return
+        counts = np.fromiter((len(drafts[i]) for i in host.tolist()), dtype=np.int64, count=len(host))
+        for i, values in zip(host.tolist(), self.device_drafts.materialize(rows[host], counts), strict=True):
+            drafts[i] = values
 
     def _pending(self) -> SampledTokens | None:
         """Tokens of the last launched step not yet on the host (None when all are)."""

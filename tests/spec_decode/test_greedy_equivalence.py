@@ -92,8 +92,9 @@ def test_penalties_min_tokens_and_stop_tokens_with_speculation(llama_dir):
 
 
 def test_structured_output_requests_run_beside_speculation(llama_dir):
-    """A grammar-constrained request verifies no drafts (its mask covers one position) and
-    stays valid; the unconstrained ones in the same batch still speculate, identically."""
+    """A grammar-constrained request speculates beside unconstrained ones (its drafts cut to
+    what the grammar accepts, every verified position masked) and stays valid; the batch's
+    output equals speculation off (tests/spec_decode/test_structured_output.py has more)."""
     import re
 
     from octavo.sampling_params import StructuredOutputsParams

@@ -99,6 +99,19 @@ def test_max_tokens_mid_object_finishes_with_length(llm):
         json.loads(c.text)
 
 
+def test_ignore_eos_goes_on_unconstrained_after_the_grammar_ends(llm, caplog):
+    """The grammar's stop token (EOS) ends it; ``ignore_eos`` keeps the request going, and the
+    rest is not masked (vLLM's rule: a terminated xgrammar matcher has no next-token mask; the
+    engine loop used to raise there)."""
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True,
+                            structured_outputs=StructuredOutputsParams(regex="[a-c]{3}"))
+    c = llm.generate("x", params, use_tqdm=False)[0].outputs[0]
+    assert c.finish_reason == "length" and len(c.token_ids) == 12
+    eos = llm.get_tokenizer().eos_token_id
+    assert c.token_ids[3] == eos and re.fullmatch("[a-c]{3}", llm.get_tokenizer().decode(c.token_ids[:3]))
+    assert "not allowed by the grammar" not in caplog.text
+
+
 def test_stop_string_inside_constrained_output(llm):
     schema = {"type": "object", "properties": {"k": {"type": "string", "pattern": "^[a-z]{6}$"}}, "required": ["k"]}
     full = llm.generate("x", _json_params(schema, 0), use_tqdm=False)[0].outputs[0].text

@@ -110,9 +110,11 @@ def test_matcher_follows_accepted_tokens(pool, tokenizer_dir):
     allowed = {t for t in range(512) if bitmask[0, t // 32] >> (t % 32) & 1}
     assert allowed and all(tok.decode([t]) and tok.decode([t])[0] in "ac" for t in allowed)
     ids = tok.encode("ab", add_special_tokens=False)
+    assert not sor.accept_tokens(tok.encode("x", add_special_tokens=False))  # refused: an error
     assert sor.accept_tokens(ids)
     assert sor.accept_tokens([0]) and sor.is_terminated()  # EOS ends the grammar
-    assert not sor.accept_tokens([ids[0]])
+    assert not sor.constrains_next  # ... and its mask (ignore_eos goes on unconstrained)
+    assert sor.accept_tokens([ids[0]])
 
 
 def test_scheduler_holds_a_request_until_its_grammar_is_ready(pool):
@@ -154,3 +156,38 @@ def test_manager_bitmask_rows_only_for_sampling_requests(tokenizer_dir):
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="'outlines' is not available"):
         StructuredOutputManager(lambda: None, 10, [0], backend="outlines")
+
+
+def test_manager_bitmask_has_a_row_per_verified_position(tokenizer_dir):
+    """A request verifying k drafts gets k + 1 rows (the masks after each draft prefix), one
+    without drafts one row, in scheduling order; the matchers end where they started."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    m = StructuredOutputManager(lambda: tok, 512, [0])
+    s = make_scheduler()
+    reqs = [make_request(r, 3, structured_outputs=StructuredOutputsParams(regex="(ab|cd)+")) for r in "DN"]
+    plain = make_request("P", 3)
+    for r in (reqs[0], plain, reqs[1]):
+        s.add_request(r)
+        m.attach(r)
+    for r in reqs:
+        r.structured_output_request._grammar.result(timeout=60)
+    ab = tok.encode("ab", add_special_tokens=False)
+    step(s, token=ab[0])  # the prefills; each samples ab[0], which its matcher accepts
+    drafts = ab[1:] + tok.encode("cdab", add_special_tokens=False)
+    assert reqs[0].structured_output_request.validate_drafts(drafts) == drafts
+    reqs[0].spec_token_ids = list(drafts)
+    so = s.schedule()
+    assert so.scheduled_spec_decode_tokens == {"D": drafts}
+    m.grammar_bitmask(so)
+    assert so.structured_output_request_ids == ["D", "N"]
+    assert so.grammar_bitmask.shape == (len(drafts) + 2, 16)
+    ref = np.zeros((len(drafts) + 1, 16), dtype=np.int32)
+    reqs[0].structured_output_request.fill_bitmask_rows(ref, 0, drafts)
+    np.testing.assert_array_equal(so.grammar_bitmask[: len(drafts) + 1], ref)
+    one = np.zeros((1, 16), dtype=np.int32)
+    reqs[1].structured_output_request.fill_bitmask(one, 0)
+    np.testing.assert_array_equal(so.grammar_bitmask[-1], one[0])
+    assert not (ref[0] == ref[1]).all()  # the rows really differ along the drafts
+    m.shutdown()

@@ -112,3 +112,31 @@ def test_a_step_with_drafts_lays_out_every_verified_position(runner):
                            scheduled={"a": 1, "b": 1}))
     assert s.num_drafts.tolist() == [0, 0] and s.logits_indices.tolist() == [0, 1]
     assert s.input_ids.tolist() == [6, 3]
+
+
+def test_grammar_rows_land_on_each_verified_position(runner):
+    """The scheduler's packed rows (1 + k per listed request, listed order) go to the flat
+    sampling positions of those requests; other positions stay all ones; a row count that
+    does not match the positions is refused."""
+    from types import SimpleNamespace
+
+    from octavo.spec_decode.rejection_sampler import make_layout
+
+    req_ids = ["a", "b", "c", "d"]  # "b" is mid-prompt (samples nothing), "d" is plain
+    st = SimpleNamespace(req_ids=req_ids, sample_mask=np.array([True, False, True, True]))
+    layout = make_layout(np.array([2, 1, 0]), [[5, 6], [7]])  # a: positions 0-2, c: 3-4, d: 5
+    so = so_of(scheduled={r: 1 for r in req_ids})
+    so.structured_output_request_ids = ["c", "a"]  # any order: rows follow the listed ids
+    so.grammar_bitmask = np.arange(5 * 2, dtype=np.int32).reshape(5, 2)  # c: rows 0-1, a: rows 2-4
+    rows, bitmask = runner._token_bitmask(so, st, layout)
+    assert rows == [3, 4, 0, 1, 2]
+    expected = np.full((6, 2), -1, dtype=np.int32)
+    expected[rows] = so.grammar_bitmask
+    assert np.array_equal(bitmask.numpy(), expected)
+    so.structured_output_request_ids = ["d"]  # without drafts: one row at its position
+    so.grammar_bitmask = [[1, 2]]  # as msgpack delivers it to a worker
+    rows, bitmask = runner._token_bitmask(so, st, layout)
+    assert rows == [5] and bitmask.numpy()[5].tolist() == [1, 2] and (bitmask.numpy()[:5] == -1).all()
+    so.structured_output_request_ids = ["a"]
+    with pytest.raises(RuntimeError, match="1 rows for 3 positions"):
+        runner._token_bitmask(so, st, layout)
