@@ -114,6 +114,27 @@ def test_fp8_linear_gpu(kind, shape):
         check(*shape, m, kind, static=m == 5, seed=m)
 
 
+@pytest.mark.parametrize("kind", ["channel", "block"])
+@pytest.mark.parametrize("m,static", [(1, False), (1, True), (4, False), (8, True)])
+def test_every_fp8_candidate_computes_the_linear(kind, m, static):
+    """Each tiling ``tune_fp8`` may keep (the one-row FMA, the rows FMA, and the fp8 x fp8
+    tensor-core tiles; under the interpreter the dot multiplies in fp32: the same exact
+    products). With fp32 output the only rounding is fp32 accumulation, which the tensor-core
+    tiles must keep (1e-5)."""
+    n, k = (136, 320) if not HAS_GPU else (1000, 1032)
+    w, s = make_weight(n, k, kind, seed=m)
+    packed = f8.prepack_fp8(w, s)
+    x = torch.randn(m, k, generator=torch.Generator(device=DEVICE).manual_seed(m), device=DEVICE).bfloat16()
+    xq, xs = f8.quantize_rows(x, torch.tensor(0.02, device=DEVICE) if static else None)
+    ref = (xq.double() * xs.double()[:, None]) @ dequant(w, s).T
+    cands = f8.fp8_candidates(n, k, m, packed.scale_mode, 132)
+    assert any(c.use_dot for c in cands)
+    for cfg in cands:
+        y = f8._gemv(xq, xs, packed, None, torch.float32, cfg)
+        assert rel_err(y, ref) < 1e-5, (cfg.describe(), rel_err(y, ref))
+        assert rel_err(f8._gemv(xq, xs, packed, None, torch.bfloat16, cfg), ref) < 8e-3, cfg.describe()
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
 def test_fp8_gemv_replays_in_a_cuda_graph():
@@ -161,7 +182,7 @@ def test_tune_fp8_keeps_the_fastest_method_per_bucket(monkeypatch):
     n, k = 64, 512
     w, s = make_weight(n, k, "channel")
     packed = f8.prepack_fp8(w, s)
-    rows_pick = f8.fp8_candidates(n, k, 4, packed.scale_mode, 132)[-1].describe()
+    rows_pick = [c for c in f8.fp8_candidates(n, k, 4, packed.scale_mode, 132) if c.rows][-1].describe()
     first = f8.fp8_candidates(n, k, 1, packed.scale_mode, 132)[0].describe()
 
     def times(name, m):  # scaled_mm wins at 2 and 8 rows, a non-default tiling at 4, the default at 1

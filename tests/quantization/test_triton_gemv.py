@@ -8,6 +8,7 @@ the load-time timing against cuBLAS, and a CUDA-graph capture of a split-K launc
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -57,6 +58,30 @@ INTERP_CONFIGS = [
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_gemv_interpreted(cfg, m):
     check(40, 200, m, [cfg], bias=m != 3)
+
+
+@pytest.mark.parametrize("cfg", [g.GemvConfig(8, 64, 3, False), g.GemvConfig(16, 32, 2, True),
+                                 g.GemvConfig(4, 128, 3, rows=True)], ids=lambda c: c.describe())
+@pytest.mark.parametrize("m", [1, 5])
+def test_split_summed_by_the_last_program(cfg, m):
+    """With counters a K split is summed in the kernel by the program that finishes last: the
+    same values as the separate reduce kernel (fp32 output: the same partials summed in the
+    same split order), bias included, and the counters back at zero after every call (a CUDA
+    graph replays the launch as captured)."""
+    n, k = 40, 200 if not HAS_GPU else 1032
+    gen = torch.Generator(device=DEVICE).manual_seed(m)
+    x = torch.randn(m, k, generator=gen, device=DEVICE)
+    w = torch.randn(n, k, generator=gen, device=DEVICE)
+    b = torch.randn(n, generator=gen, device=DEVICE)
+    counters = torch.zeros(g.tiles(n, m, cfg), dtype=torch.int32, device=DEVICE)
+    plain = g.launch(x, w, n, k, cfg, out_dtype=torch.float32, bias=b, dot_dtype=torch.float32)
+    for _ in range(2):
+        fused = g.launch(x, w, n, k, cfg, out_dtype=torch.float32, bias=b, dot_dtype=torch.float32,
+                         counters=counters)
+        assert torch.equal(fused, plain) and int(counters.abs().sum()) == 0
+    short = torch.zeros(g.tiles(n, m, cfg) - 1, dtype=torch.int32, device=DEVICE)  # too few: the reduce kernel
+    assert torch.equal(g.launch(x, w, n, k, cfg, out_dtype=torch.float32, bias=b, dot_dtype=torch.float32,
+                                counters=short), plain)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
@@ -221,18 +246,20 @@ def check_sm90_variants() -> None:
     import triton.language as tl
 
     sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*bf16", "ws_ptr": "*fp32", "wz_ptr": "*fp32",
-           "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32"}
+           "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32"}
     sig.update(dict.fromkeys(["M", "N", "K", "k_per_split", "p_per_split", "stride_xm", "stride_wn",
                               "stride_sn", "stride_om"], "i32"))
-    cases = [  # (x, w, WFMT, SCALE_MODE, GROUP, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K)
-        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, False, 1, 8, 512),
-        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, True, 16, 16, 256),
-        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, False, 1, 8, 1024),
-        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_BLOCK, 128, True, 16, 32, 128),
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 16, 1024),
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 32, 128),  # one group per tile
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 32, True, 16, 128, 32),
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, True, 16, 32, 128),
+    cases = [  # (x, w, WFMT, SCALE_MODE, GROUP, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)
+        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, False, 1, 8, 512, 1),
+        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, False, 1, 8, 512, 4),  # split summed in-kernel
+        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, True, 16, 16, 256, 1),
+        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, False, 1, 8, 1024, 1),
+        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, True, 16, 32, 256, 4),  # fp8 x fp8 tensor cores
+        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_BLOCK, 128, True, 16, 32, 128, 1),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 16, 1024, 1),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 32, 128, 1),  # one group per tile
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 32, True, 16, 128, 32, 1),
+        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, True, 16, 32, 128, 2),
     ]
     rows_cases = [  # the rows FMA path: (x, w, SCALE_MODE, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
         ("bf16", "bf16", g.SCALE_NONE, 8, 4, 256, 8),
@@ -242,17 +269,23 @@ def check_sm90_variants() -> None:
     rsig = {k: v for k, v in sig.items() if k not in ("wz_ptr", "p_per_split")}
     for xt, wt, mode, bm, bn, bk, vec in rows_cases:
         ptx = _compile_sm90(g._gemv_rows_kernel, {**rsig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
-            SCALE_MODE=mode, X_SCALED=wt == "fp8e4nv", HAS_BIAS=True, WRITE_OUT=True, BLOCK_M=bm,
-            BLOCK_N=bn, BLOCK_K=bk, VEC=vec, EVEN_K=True,
+            SCALE_MODE=mode, X_SCALED=wt == "fp8e4nv", HAS_BIAS=True, SPLIT=1, FUSED_REDUCE=False,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, VEC=vec, EVEN_K=True,
         ))
         assert "ld.global.v4.b32" in ptx, (wt, mode)
-    for xt, wt, wfmt, mode, group, dot, bm, bn, bk in cases:
+    for xt, wt, wfmt, mode, group, dot, bm, bn, bk, split in cases:
+        fp8_dot = dot and wt == "fp8e4nv"
         ptx = _compile_sm90(g._gemv_kernel, {**sig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
-            WFMT=wfmt, SCALE_MODE=mode, GROUP=group, X_SCALED=wfmt == g.WFMT_FP8, HAS_BIAS=True,
-            WRITE_OUT=True, USE_DOT=dot, DOT_DTYPE=tl.bfloat16, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-            EVEN_K=True,
+            WFMT=wfmt, SCALE_MODE=mode, GROUP=group, X_SCALED=wfmt == g.WFMT_FP8, HAS_BIAS=True, SPLIT=split,
+            FUSED_REDUCE=split > 1, USE_DOT=dot, DOT_DTYPE=tl.float8e4nv if fp8_dot else tl.bfloat16,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True,
         ))
-        assert ("cp.async.cg.shared.global" in ptx) if dot else ("ld.global.v4.b32" in ptx), (wfmt, mode, dot)
+        case = (wfmt, mode, dot, split)
+        assert ("cp.async.cg.shared.global" in ptx) if dot else ("ld.global.v4.b32" in ptx), case
+        if fp8_dot:  # fp8 codes into a 16-row MMA with fp32 accumulation (as e4m3, or exact fp16 copies)
+            assert re.search(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(f16\.f16|e4m3\.e4m3)\.f32", ptx), case
+        if split > 1:  # the last program's sum: one ticket, partials read past L1
+            assert "atom.global" in ptx and "ld.global.cg" in ptx, case
 
 
 def test_gemv_variants_compile_for_sm90_with_vector_loads():

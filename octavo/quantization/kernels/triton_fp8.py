@@ -37,6 +37,7 @@ class Fp8Packed:
     scale_row: torch.Tensor | None  # float32 [1, N] for _scaled_mm's row-wise scaling
     # batch bucket -> tiles, or None: ``torch._scaled_mm`` (``tune_fp8`` found it faster)
     configs: dict[int, g.GemvConfig | None] = field(default_factory=dict)
+    counters: torch.Tensor | None = None  # int32 zeros: in-kernel K-split sums (``g.launch``)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -58,15 +59,17 @@ def _scale_mode(weight: torch.Tensor, scale: torch.Tensor) -> int:
 
 
 def small_batch_config(n: int, k: int, m: int, scale_mode: int, sms: int) -> g.GemvConfig:
-    """Tiles for an fp8 [N, K] weight at ``m`` rows (<= 8): half of bf16's bytes per element,
-    so twice the K per tile for the same 128-bit loads; block scales cap a tile at 128 of K.
-    Batches of 2-8 take the rows FMA path (each weight tile read once for all rows, no padding
-    to a 16-row tensor-core tile, no fp8 -> bf16 operand shuffles)."""
-    if m == 1:
-        bn, bk = (32, 128) if scale_mode == g.SCALE_BLOCK else (8, 1024)
+    """Tiles for an fp8 [N, K] weight at ``m`` rows (<= 8), from an H200 sweep of every
+    Llama-3.1-8B linear (``benchmarks/bench_quant_gemv.py``): fp8 x fp8 tensor-core tiles (32
+    columns, 256 of K; block scales cap K tiles at 128) at 2-8 rows, where the CUDA-core paths
+    pay a conversion per code per row (4-15x slower), and at one row for weights of 32M codes
+    and more; smaller weights at one row stream faster through the one-row FMA."""
+    block = scale_mode == g.SCALE_BLOCK
+    if m == 1 and n * k < (32 << 20):
+        bn, bk = (32, 128) if block else (8, 1024)
         return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), False, 4)
-    bn, bk = (16, 128) if scale_mode == g.SCALE_BLOCK else (4, 512)
-    return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), False, 4, rows=True)
+    bn, bk = (64, 128) if block else (32, 256)
+    return g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), True, 4)
 
 
 def prepack_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> Fp8Packed:
@@ -83,7 +86,8 @@ def prepack_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> Fp8Packed:
         row = scale.expand(n).reshape(1, n).contiguous()
     sms = g.num_sms(weight.device)
     configs = {m: small_batch_config(n, k, m, mode, sms) for m in (1, 2, 4, 8)}
-    return Fp8Packed(weight.contiguous(), scale, mode, row, configs)
+    counters = torch.zeros(triton.cdiv(n, 4), dtype=torch.int32, device=weight.device)
+    return Fp8Packed(weight.contiguous(), scale, mode, row, configs, counters)
 
 
 @triton.jit
@@ -126,11 +130,17 @@ def _bucket(m: int) -> int:
 
 
 def _gemv(xq, xs, packed: Fp8Packed, bias, out_dtype, cfg: g.GemvConfig) -> torch.Tensor:
+    """The small-batch kernels on ``quantize_rows``' output. The dot path feeds the fp8 codes of
+    both operands to the tensor cores in 16-row tiles (fp32 accumulation; Triton widens e4m3 to
+    fp16 exactly, one instruction per two codes, where the CUDA-core FMA path needs three per
+    code); larger tiles take bf16 copies (Hopper's fp8 warpgroup MMA accumulates with fewer
+    bits)."""
     n, k = packed.shape
     return g.launch(
         xq, packed.weight, n, k, cfg, out_dtype=out_dtype, wfmt=g.WFMT_FP8,
         scale_mode=packed.scale_mode, w_scale=packed.scale, x_scale=xs, bias=bias,
-        dot_dtype=torch.bfloat16,
+        dot_dtype=torch.float8_e4m3fn if cfg.block_m(xq.shape[0]) <= 16 else torch.bfloat16,
+        counters=packed.counters,
     )
 
 
@@ -145,7 +155,8 @@ def _gemm(xq, xs, packed: Fp8Packed, bias, out_dtype) -> torch.Tensor:
         )
         return y if bias is None else y + bias
     cfg = g.GemvConfig(64, 128 if packed.scale_mode == g.SCALE_BLOCK else 64, 1, True, 4)
-    return _gemv(xq, xs, packed, bias, out_dtype, cfg)
+    return g.launch(xq, packed.weight, n, k, cfg, out_dtype=out_dtype, wfmt=g.WFMT_FP8,
+                    scale_mode=packed.scale_mode, w_scale=packed.scale, x_scale=xs, bias=bias)
 
 
 def fp8_linear(
@@ -159,13 +170,12 @@ def fp8_linear(
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    xq, xs = quantize_rows(x2, input_scale)
     m = x2.shape[0]
     cfg = packed.configs[_bucket(m)] if m <= SMALL_BATCH else None
     if cfg is not None:
-        y = _gemv(xq, xs, packed, bias, x.dtype, cfg)
+        y = _gemv(*quantize_rows(x2, input_scale), packed, bias, x.dtype, cfg)
     else:
-        y = _gemm(xq, xs, packed, bias, x.dtype)
+        y = _gemm(*quantize_rows(x2, input_scale), packed, bias, x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -182,6 +192,9 @@ def fp8_candidates(n: int, k: int, m: int, scale_mode: int, sms: int) -> list[g.
     for bn, bk in shapes:
         out.append(g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), False, 4, rows=m > 1))
         out.append(g.GemvConfig(bn, bk, 1, False, 4, rows=m > 1))
+    # fp8 x fp8 on the tensor cores, the rows padded to a 16-row tile
+    for bn, bk in ((32, 128), (64, 128)) if block else ((32, 256), (64, 128), (16, 512)):
+        out.append(g.GemvConfig(bn, bk, g.pick_split(n, k, bn, bk, sms), True, 4))
     return list(dict.fromkeys(out))
 
 

@@ -136,11 +136,21 @@ def _program_tile(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
+def _row_scales(xs_ptr, offs_m, m_ok, X_SCALED: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Per-row activation scales [BLOCK_M] (x arrives quantized), or ones."""
+    if X_SCALED:
+        return tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)
+    else:
+        return tl.full((BLOCK_M,), 1.0, tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, k_per_split, p_per_split, stride_xm, stride_wn, stride_sn, stride_om,
     WFMT: tl.constexpr, SCALE_MODE: tl.constexpr, GROUP: tl.constexpr, X_SCALED: tl.constexpr,
-    HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     offs_m, offs_n, m_ok, n_ok, pid_k, k_start, k_end = _program_tile(M, N, K, k_per_split, BLOCK_M, BLOCK_N)
@@ -177,17 +187,18 @@ def _gemv_kernel(
             acc2 += prod
     if not USE_DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
-    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
-              M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, WRITE_OUT)
+    xsc = _row_scales(xs_ptr, offs_m, m_ok, X_SCALED, BLOCK_M)
+    _epilogue(acc, xsc, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+              M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, SPLIT, FUSED_REDUCE)
 
 
 @triton.jit
 def _gemv_rows_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_om,
     SCALE_MODE: tl.constexpr, X_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    WRITE_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    VEC: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, VEC: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """Plain or fp8 weights at 2-8 rows without tensor cores: each [BLOCK_N, BLOCK_K] W tile is
     read once, as [BLOCK_N, BLOCK_K // VEC, VEC] (VEC elements = one 128-bit load per thread),
@@ -210,32 +221,53 @@ def _gemv_rows_kernel(
             prod = prod * sb[None, :, None]
         acc3 += prod
     acc = tl.sum(acc3, axis=2)
-    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
-              M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, WRITE_OUT)
+    xsc = _row_scales(xs_ptr, offs_m, m_ok, X_SCALED, BLOCK_M)
+    _epilogue(acc, xsc, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+              M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, SPLIT, FUSED_REDUCE)
 
 
 @triton.jit
 def _epilogue(
-    acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+    acc, xsc, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
     M, N, stride_om, SCALE_MODE: tl.constexpr, X_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
-    WRITE_OUT: tl.constexpr,
+    SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
 ):
-    """Scales that apply after the loop, then ``y`` (one K split) or the fp32 partials."""
+    """Scales that apply after the loop, then ``y`` (one K split) or the fp32 partials.
+
+    ``FUSED_REDUCE`` (several splits): each program stores its partials, then takes a ticket
+    from this output tile's counter; the program that draws the last ticket sums the SPLIT
+    partials in split order (deterministic, as the separate reduce kernel would) and writes
+    ``y``, then resets the counter to 0 for the next call (so a CUDA graph replays it): one
+    launch instead of two. Partials are read past L1 (``.cg``), which is not coherent across
+    programs on other SMs."""
     if SCALE_MODE == _S_TENSOR:
         acc = acc * tl.load(ws_ptr)
     if SCALE_MODE == _S_CHANNEL:
         acc = acc * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     if X_SCALED:
-        acc = acc * tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
+        acc = acc * xsc[:, None]
     mask = m_ok[:, None] & n_ok[None, :]
-    if WRITE_OUT:  # one K split: this program owns y[offs_m, offs_n]
+    o = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    if SPLIT == 1:  # this program owns y[offs_m, offs_n]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        o = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(o, acc.to(out_ptr.dtype.element_ty), mask=mask)
     else:
-        p = part_ptr + (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
-        tl.store(p, acc, mask=mask)
+        rows = (pid_k * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
+        tl.store(part_ptr + rows, acc, mask=mask)
+        if FUSED_REDUCE:
+            tile = tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+            tl.debug_barrier()  # every thread's partials are written before the ticket
+            ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if ticket == SPLIT - 1:
+                total = tl.zeros_like(acc)
+                for s in tl.static_range(SPLIT):
+                    srows = (s * M + offs_m.to(tl.int64))[:, None] * N + offs_n[None, :]
+                    total += tl.load(part_ptr + srows, mask=mask, other=0.0, cache_modifier=".cg")
+                if HAS_BIAS:
+                    total += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+                tl.store(o, total.to(out_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
 
 
 @triton.jit
@@ -254,7 +286,8 @@ def _splitk_reduce_kernel(
     tl.store(out_ptr + m * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+_DOT_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
+               torch.float8_e4m3fn: tl.float8e4nv}
 # Triton's CPU interpreter multiplies bf16 dot operands as raw bits; the values entering the dot
 # are exact in fp32 too, so interpreted runs (the CPU tests) take an fp32 dot instead.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -271,9 +304,14 @@ def launch(
     w_scale: torch.Tensor | None = None, w_zs: torch.Tensor | None = None, group: int = 128,
     x_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
     dot_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``y[M, N]`` for a 2-D ``x`` [M, K] (unit stride along K). Allocates only ``y`` and, with
-    a K split, the fp32 partials: no host synchronisation, capturable in a CUDA graph."""
+    a K split, the fp32 partials: no host synchronisation, capturable in a CUDA graph.
+
+    ``counters``: int32 zeros, at least one per output tile (``tiles(n, m, cfg)``), owned by
+    this weight and never used by two launches at once (they run in stream order): with them a
+    K split is summed by its last program instead of a second kernel."""
     m = x.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -282,49 +320,65 @@ def launch(
     per = split_extent(k, cfg)
     split = triton.cdiv(k, per)
     bm = cfg.block_m(m)
-    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-    dummy = out
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, bm))
+    fused = split > 1 and counters is not None and counters.numel() >= grid[0] * grid[2]
+    part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+    common = dict(out=out, part=part, cnt=counters if fused else out, split=split, fused=fused, bm=bm,
+                  grid=grid, per=per, bias=bias, x_scale=x_scale, w_scale=w_scale)
     if cfg.rows:
         if wfmt == WFMT_INT4:
             raise ValueError("the rows GEMV serves plain and fp8 weights, not int4")
-        _gemv_rows_kernel[grid](
-            x, x_scale if x_scale is not None else dummy, w,
-            w_scale if w_scale is not None else dummy, bias if bias is not None else dummy, out, part,
-            m, n, k, per, x.stride(0), w.stride(0),
-            w_scale.stride(0) if w_scale is not None and w_scale.dim() == 2 else 0, out.stride(0),
-            SCALE_MODE=scale_mode, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None and split == 1,
-            WRITE_OUT=split == 1, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            VEC=min(cfg.block_k, 16 // w.element_size()), EVEN_K=k % cfg.block_k == 0,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        _launch_rows(x, w, n, k, cfg, scale_mode, **common)
     else:
-        _launch_main(x, w, n, k, cfg, grid, per, bm, split, out, part, wfmt, scale_mode, w_scale, w_zs,
-                     group, x_scale, bias, dot_dtype)
-    if split > 1:
-        block = min(1024, triton.next_power_of_2(n))
-        _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
-            part, bias if bias is not None else dummy, out, m, n, out.stride(0),
-            SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
-        )
+        _launch_main(x, w, n, k, cfg, wfmt, scale_mode, w_zs, group, dot_dtype, **common)
+    if split > 1 and not fused:
+        reduce_splits(part, bias, out)
     return out
 
 
-def _launch_main(x, w, n, k, cfg, grid, per, bm, split, out, part, wfmt, scale_mode, w_scale, w_zs,
-                 group, x_scale, bias, dot_dtype) -> None:
-    """The one-kernel launch of ``_gemv_kernel`` (all formats; FMA over one row, or the dot)."""
-    m, dummy = x.shape[0], out
-    _gemv_kernel[grid](
-        x, x_scale if x_scale is not None else dummy, w,
-        w_scale if w_scale is not None else dummy, w_zs if w_zs is not None else dummy,
-        bias if bias is not None else dummy, out, part,
-        m, n, k, per, per // 8, x.stride(0), w.stride(0),
-        w_scale.stride(0) if w_scale is not None and w_scale.dim() == 2 else 0, out.stride(0),
-        WFMT=wfmt, SCALE_MODE=scale_mode, GROUP=group, X_SCALED=x_scale is not None,
-        HAS_BIAS=bias is not None and split == 1, WRITE_OUT=split == 1, USE_DOT=cfg.use_dot,
-        DOT_DTYPE=tl.float32 if INTERPRETED else _DOT_DTYPES[dot_dtype], BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVEN_K=k % cfg.block_k == 0,
+def tiles(n: int, m: int, cfg: GemvConfig) -> int:
+    """Output tiles of a launch: the counters ``launch`` needs for an in-kernel split sum."""
+    return triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m(m))
+
+
+def reduce_splits(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """``out[M, N] = sum over splits of part[SPLIT, M, N] (+ bias)`` in out's dtype."""
+    split, m, n = part.shape
+    block = min(1024, triton.next_power_of_2(n))
+    _splitk_reduce_kernel[(triton.cdiv(n, block), m)](
+        part, bias if bias is not None else out, out, m, n, out.stride(0),
+        SPLIT=split, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+    )
+
+
+def _scale_stride(w_scale: torch.Tensor | None) -> int:
+    return w_scale.stride(0) if w_scale is not None and w_scale.dim() == 2 else 0
+
+
+def _launch_rows(x, w, n, k, cfg, scale_mode, *, out, part, cnt, split, fused, bm, grid, per, bias,
+                 x_scale, w_scale) -> None:
+    """``_gemv_rows_kernel`` (plain / fp8 weights, 2-8 rows on the CUDA cores)."""
+    _gemv_rows_kernel[grid](
+        x, x_scale if x_scale is not None else out, w, w_scale if w_scale is not None else out,
+        bias if bias is not None else out, out, part, cnt,
+        x.shape[0], n, k, per, x.stride(0), w.stride(0), _scale_stride(w_scale), out.stride(0),
+        SCALE_MODE=scale_mode, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None,
+        SPLIT=split, FUSED_REDUCE=fused, BLOCK_M=bm, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        VEC=min(cfg.block_k, 16 // w.element_size()), EVEN_K=k % cfg.block_k == 0,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def _launch_main(x, w, n, k, cfg, wfmt, scale_mode, w_zs, group, dot_dtype, *, out, part, cnt,
+                 split, fused, bm, grid, per, bias, x_scale, w_scale) -> None:
+    """The one-kernel launch of ``_gemv_kernel`` (all formats; FMA over one row, or the dot)."""
+    _gemv_kernel[grid](
+        x, x_scale if x_scale is not None else out, w, w_scale if w_scale is not None else out,
+        w_zs if w_zs is not None else out, bias if bias is not None else out, out, part, cnt,
+        x.shape[0], n, k, per, per // 8, x.stride(0), w.stride(0), _scale_stride(w_scale), out.stride(0),
+        WFMT=wfmt, SCALE_MODE=scale_mode, GROUP=group, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None, SPLIT=split, FUSED_REDUCE=fused, USE_DOT=cfg.use_dot,
+        DOT_DTYPE=tl.float32 if INTERPRETED else _DOT_DTYPES[dot_dtype], BLOCK_M=bm, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 

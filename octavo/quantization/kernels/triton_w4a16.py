@@ -35,6 +35,7 @@ class W4A16Packed:
     k: int
     group: int
     configs: dict[int, g.GemvConfig] = field(default_factory=dict)  # batch bucket -> tiles
+    counters: torch.Tensor | None = None  # int32 zeros: in-kernel K-split sums (``g.launch``)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -85,7 +86,7 @@ def prepack_w4a16(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, gr
     configs = {m: _config(n, k, group, m, sms, False) for m in (1, 2, 4, 8)}
     return W4A16Packed(
         pack_int4(q), scales.to(torch.float32).contiguous(), zeros.to(torch.float32).contiguous(),
-        n, k, group, configs,
+        n, k, group, configs, torch.zeros(-(-n // 4), dtype=torch.int32, device=q.device),
     )
 
 
@@ -110,6 +111,6 @@ def w4a16_linear(x: torch.Tensor, packed: W4A16Packed, bias: torch.Tensor | None
     y = g.launch(
         x2, packed.packed, n, k, cfg, out_dtype=x.dtype, wfmt=g.WFMT_INT4,
         scale_mode=g.SCALE_GROUP, w_scale=packed.scales, w_zs=packed.zeros, group=packed.group,
-        bias=bias, dot_dtype=x.dtype,
+        bias=bias, dot_dtype=x.dtype, counters=packed.counters,
     )
     return y.reshape(*x.shape[:-1], n)
