@@ -6,7 +6,8 @@
 // Per work item (a run of 32-channel weight tiles, handed out dynamically):
 //   1. each tile's codes are dequantized ONCE into a per-thread buffer of bf16 (q - z) values in
 //      AMX's pair layout (row r = k pairs 2r, 2r+1 of 32 channels: 64 bf16, 128 bytes); the
-//      weight is read from memory as codes only (1 or 1/2 byte per weight);
+//      weight is read from memory as codes only (1 or 1/2 byte per weight), four tiles side by
+//      side (four memory streams: one stream per core leaves the memory system idle);
 //   2. for each block of up to 32 rows, per scale group: C = x[rows, group] . (q - z)[group]
 //      accumulates in four 16x16 fp32 tiles (TDPBF16PS, 32 k per step), then y += s * C.
 // Exactness: q - z is an integer of magnitude <= 255, exact in bf16, and bf16 products are exact
@@ -48,32 +49,48 @@ static inline void put_pairs(uint16_t* dst, F even, F odd) {
   _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_loadu_si512(kIdx), t));
 }
 
-// One tile's (q - z) in pair layout: k32 / 2 rows of 64 bf16 (channels 0-15 pairs, 16-31 pairs).
+// One pair row r of one tile: (q - z) of k = 2r, 2r + 1 for its 32 channels, 64 bf16 at dst.
 template <int BITS>
-static void dequant_pairs(const IntWeights& w, int64_t tile, int64_t k32, uint16_t* dst) {
-  const int G = n_groups(w);
-  const int64_t nrows = k_rows(w), pairs_per_group = w.group / 2;
-  const uint8_t* wp = w.weight + tile * nrows * kQuantTile;
-  const float* zt = w.zeros + tile * (int64_t)G * kQuantTile;
-  const int64_t real_pairs = (w.k + 1) / 2;
-  for (int64_t r = 0; r < real_pairs; ++r, dst += 64) {
-    const int64_t g = G == 1 ? 0 : r / pairs_per_group;
-    const F z0 = load(zt + g * kQuantTile), z1 = load(zt + g * kQuantTile + 16);
-    if constexpr (BITS == 8) {
-      const uint8_t* p0 = wp + 2 * r * kQuantTile;
-      const bool odd = 2 * r + 1 < w.k;  // else the pair's second k is padding (x is 0 there)
-      put_pairs(dst, sub(codes8(p0), z0), odd ? sub(codes8(p0 + 32), z0) : zero());
-      put_pairs(dst + 32, sub(codes8(p0 + 16), z1), odd ? sub(codes8(p0 + 48), z1) : zero());
-    } else {
-      F l0, h0, l1, h1;
-      codes4(wp + r * kQuantTile, l0, h0);
-      codes4(wp + r * kQuantTile + 16, l1, h1);
-      put_pairs(dst, sub(l0, z0), sub(h0, z0));
-      put_pairs(dst + 32, sub(l1, z1), sub(h1, z1));
-    }
+static inline void dequant_pair_row(const IntWeights& w, const uint8_t* wp, const float* zt, int64_t r,
+                                    uint16_t* dst) {
+  const int64_t g = n_groups(w) == 1 ? 0 : r / (w.group / 2);
+  const F z0 = load(zt + g * kQuantTile), z1 = load(zt + g * kQuantTile + 16);
+  if constexpr (BITS == 8) {
+    const uint8_t* p0 = wp + 2 * r * kQuantTile;
+    const bool odd = 2 * r + 1 < w.k;  // else the pair's second k is padding (x is 0 there)
+    put_pairs(dst, sub(codes8(p0), z0), odd ? sub(codes8(p0 + 32), z0) : zero());
+    put_pairs(dst + 32, sub(codes8(p0 + 16), z1), odd ? sub(codes8(p0 + 48), z1) : zero());
+  } else {
+    F l0, h0, l1, h1;
+    codes4(wp + r * kQuantTile, l0, h0);
+    codes4(wp + r * kQuantTile + 16, l1, h1);
+    put_pairs(dst, sub(l0, z0), sub(h0, z0));
+    put_pairs(dst + 32, sub(l1, z1), sub(h1, z1));
   }
-  memset(dst, 0, (size_t)(k32 / 2 - real_pairs) * 128);
 }
+
+constexpr int kDequantStreams = 4;  // tiles dequantized side by side
+
+// Tiles [t0, t0 + nb) (nb <= kDequantStreams) into their (q - z) pair layouts, k32 / 2 rows of
+// 64 bf16 each (channels 0-15 pairs, 16-31 pairs), tile i at dst + i * per_tile. The tiles are
+// walked row by row in lock-step: one sequential stream per tile keeps several memory streams
+// in flight (one stream per core leaves the memory system idle between prefetches; this is
+// the part of the layer that reads the weight).
+template <int BITS>
+static void dequant_pairs(const IntWeights& w, int64_t t0, int nb, int64_t k32, uint16_t* dst, int64_t per_tile) {
+  const int64_t nrows = k_rows(w), real_pairs = (w.k + 1) / 2, G = n_groups(w);
+  const uint8_t* wp[kDequantStreams];
+  const float* zt[kDequantStreams];
+  for (int i = 0; i < nb; ++i) {
+    wp[i] = w.weight + (t0 + i) * nrows * kQuantTile;
+    zt[i] = w.zeros + (t0 + i) * G * kQuantTile;
+  }
+  for (int64_t r = 0; r < real_pairs; ++r)
+    for (int i = 0; i < nb; ++i) dequant_pair_row<BITS>(w, wp[i], zt[i], r, dst + i * per_tile + r * 64);
+  for (int i = 0; i < nb; ++i)
+    memset(dst + i * per_tile + real_pairs * 64, 0, (size_t)(k32 / 2 - real_pairs) * 128);
+}
+
 
 static void amx_configure(int mb) {
   const int r0 = mb < 16 ? mb : 16, r1 = mb - r0;
@@ -138,7 +155,10 @@ OCTAVO_AMX_TARGET static void amx_item(void* ctx, int64_t item, int) {
   const int64_t per_tile = c.k32 * 32;  // bf16 elements
   uint16_t* buf = (uint16_t*)amx_pairs.get((size_t)((t1 - t0) * per_tile * 2));
   if (!buf) { __atomic_store_n(&c.failed, 1, __ATOMIC_RELAXED); return; }
-  for (int64_t t = t0; t < t1; ++t) dequant_pairs<BITS>(c.a->w, t, c.k32, buf + (t - t0) * per_tile);
+  for (int64_t t = t0; t < t1; t += kDequantStreams) {
+    const int nb = t1 - t < kDequantStreams ? (int)(t1 - t) : kDequantStreams;
+    dequant_pairs<BITS>(c.a->w, t, nb, c.k32, buf + (t - t0) * per_tile, per_tile);
+  }
   __asm__ volatile("" ::: "memory");  // the tile loads (asm without a memory operand) read buf
   int configured = -1;
   for (int64_t m0 = 0; m0 < c.a->m; m0 += kAmxM) {
