@@ -32,6 +32,7 @@ from octavo.attention.backends.cpu_paged import (
     build_cpu_metadata,
     write_kv_and_attend,
 )
+from octavo.models.linear_dispatch import linear
 
 ENABLED = True  # False: every layer takes the module path (comparisons, tests)
 
@@ -62,16 +63,6 @@ def _why_not(layer: nn.Module) -> str | None:
     if rope.inv_freq_by_len is not None or rope.cos.shape[-1] != attn.head_dim:
         return "RoPE tables depend on the length or rotate part of the head"
     return None
-
-
-def _module_linear(cfo: ModuleType, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``layers.linear`` for a layer whose fused kernels are ``cfo`` (the CPU's)."""
-    quant = module.__dict__.get("quant_state")
-    if quant is not None:
-        return quant.apply(module, x)
-    if cfo.linear_usable(module, x):
-        return cfo.linear(module, x)
-    return module(x)
 
 
 def _gemv_plan(cfo: ModuleType, module: nn.Module):
@@ -157,7 +148,7 @@ class LeanLlamaLayer:
                 out = torch.empty((x.shape[0], g[2].shape[0] * 16), dtype=x.dtype)
                 ext.gemv(x=x, weight=g[2], out=out, bias=bias)
                 return out
-        return _module_linear(self.cfo, module, x)
+        return linear(module, x)  # the module path's own dispatch (quantized, prepacked, module)
 
     def _attention(self, positions, x, attn_metadata):
         cfo, ext = self.cfo, self.ext

@@ -16,6 +16,7 @@ from torch import nn
 
 from octavo.models.length_rope import length_rope
 from octavo.models.length_rope import rope_parameters_of as _rope_parameters
+from octavo.models.linear_dispatch import fused_ops_of, linear  # noqa: F401  (models import them from here)
 
 FUSED_OPS_MODULES = {"triton": "octavo.models.fused_ops", "cpu": "octavo.models.cpu_fused_ops"}
 
@@ -56,25 +57,8 @@ def bind_fused_ops(model: nn.Module, kind: str, decode_gemv: str = "off") -> Mod
     return ops
 
 
-def fused_ops_of(module: nn.Module) -> ModuleType | None:
-    return getattr(module, "fused_ops", None)
-
-
 def _use_fused(ops: ModuleType | None, x: torch.Tensor) -> ModuleType | None:
     return ops if ops is not None and ops.usable(x) else None
-
-
-def linear(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` for a linear layer; through its quantization kernel when it is quantized
-    (``octavo.quantization``), else the bound kernels' prepacked weights where they apply
-    (oneDNN on the CPU)."""
-    quant = layer.__dict__.get("quant_state")
-    if quant is not None:
-        return quant.apply(layer, x)
-    ops = fused_ops_of(layer)
-    if ops is not None and ops.linear_usable(layer, x):
-        return ops.linear(layer, x)
-    return layer(x)
 
 
 class RMSNorm(nn.Module):
