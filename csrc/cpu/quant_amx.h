@@ -70,6 +70,7 @@ static inline void dequant_pair_row(const IntWeights& w, const uint8_t* wp, cons
 }
 
 constexpr int kDequantStreams = 4;  // tiles dequantized side by side
+constexpr int64_t kDequantPrefetch = 1024;  // bytes ahead in each tile's codes
 
 // Tiles [t0, t0 + nb) (nb <= kDequantStreams) into their (q - z) pair layouts, k32 / 2 rows of
 // 64 bf16 each (channels 0-15 pairs, 16-31 pairs), tile i at dst + i * per_tile. The tiles are
@@ -85,8 +86,13 @@ static void dequant_pairs(const IntWeights& w, int64_t t0, int nb, int64_t k32, 
     wp[i] = w.weight + (t0 + i) * nrows * kQuantTile;
     zt[i] = w.zeros + (t0 + i) * G * kQuantTile;
   }
+  const int64_t row_bytes = BITS == 8 ? 2 * kQuantTile : kQuantTile, tile_bytes = nrows * kQuantTile;
   for (int64_t r = 0; r < real_pairs; ++r)
-    for (int i = 0; i < nb; ++i) dequant_pair_row<BITS>(w, wp[i], zt[i], r, dst + i * per_tile + r * 64);
+    for (int i = 0; i < nb; ++i) {
+      const int64_t ahead = r * row_bytes + kDequantPrefetch;  // a cache line per row or two
+      if (ahead < tile_bytes) _mm_prefetch((const char*)wp[i] + ahead, _MM_HINT_T0);
+      dequant_pair_row<BITS>(w, wp[i], zt[i], r, dst + i * per_tile + r * 64);
+    }
   for (int i = 0; i < nb; ++i)
     memset(dst + i * per_tile + real_pairs * 64, 0, (size_t)(k32 / 2 - real_pairs) * 128);
 }
