@@ -170,12 +170,13 @@ def fp8_linear(
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    xq, xs = quantize_rows(x2, input_scale)
     m = x2.shape[0]
     cfg = packed.configs[_bucket(m)] if m <= SMALL_BATCH else None
     if cfg is not None:
-        y = _gemv(*quantize_rows(x2, input_scale), packed, bias, x.dtype, cfg)
+        y = _gemv(xq, xs, packed, bias, x.dtype, cfg)
     else:
-        y = _gemm(*quantize_rows(x2, input_scale), packed, bias, x.dtype)
+        y = _gemm(xq, xs, packed, bias, x.dtype)
     return y.reshape(*x.shape[:-1], n)
 
 
