@@ -49,11 +49,11 @@ static inline void put_pairs(uint16_t* dst, F even, F odd) {
   _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(_mm512_loadu_si512(kIdx), t));
 }
 
-// One pair row r of one tile: (q - z) of k = 2r, 2r + 1 for its 32 channels, 64 bf16 at dst.
+// One pair row r of one tile: (q - z) of k = 2r, 2r + 1 for its 32 channels, 64 bf16 at dst;
+// g: the row's scale group.
 template <int BITS>
 static inline void dequant_pair_row(const IntWeights& w, const uint8_t* wp, const float* zt, int64_t r,
-                                    uint16_t* dst) {
-  const int64_t g = n_groups(w) == 1 ? 0 : r / (w.group / 2);
+                                    int64_t g, uint16_t* dst) {
   const F z0 = load(zt + g * kQuantTile), z1 = load(zt + g * kQuantTile + 16);
   if constexpr (BITS == 8) {
     const uint8_t* p0 = wp + 2 * r * kQuantTile;
@@ -87,12 +87,13 @@ static void dequant_pairs(const IntWeights& w, int64_t t0, int nb, int64_t k32, 
     zt[i] = w.zeros + (t0 + i) * G * kQuantTile;
   }
   const int64_t row_bytes = BITS == 8 ? 2 * kQuantTile : kQuantTile, tile_bytes = nrows * kQuantTile;
-  for (int64_t r = 0; r < real_pairs; ++r)
+  for (int64_t r = 0; r < real_pairs; ++r) {
+    const int64_t g = G == 1 ? 0 : r / (w.group / 2), ahead = r * row_bytes + kDequantPrefetch;
     for (int i = 0; i < nb; ++i) {
-      const int64_t ahead = r * row_bytes + kDequantPrefetch;  // a cache line per row or two
-      if (ahead < tile_bytes) _mm_prefetch((const char*)wp[i] + ahead, _MM_HINT_T0);
-      dequant_pair_row<BITS>(w, wp[i], zt[i], r, dst + i * per_tile + r * 64);
+      if (ahead < tile_bytes) _mm_prefetch((const char*)wp[i] + ahead, _MM_HINT_T0);  // a line per row or two
+      dequant_pair_row<BITS>(w, wp[i], zt[i], r, g, dst + i * per_tile + r * 64);
     }
+  }
   for (int i = 0; i < nb; ++i)
     memset(dst + i * per_tile + real_pairs * 64, 0, (size_t)(k32 / 2 - real_pairs) * 128);
 }

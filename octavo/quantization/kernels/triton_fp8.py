@@ -86,8 +86,7 @@ def prepack_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> Fp8Packed:
         row = scale.expand(n).reshape(1, n).contiguous()
     sms = g.num_sms(weight.device)
     configs = {m: small_batch_config(n, k, m, mode, sms) for m in (1, 2, 4, 8)}
-    counters = torch.zeros(triton.cdiv(n, 4), dtype=torch.int32, device=weight.device)
-    return Fp8Packed(weight.contiguous(), scale, mode, row, configs, counters)
+    return Fp8Packed(weight.contiguous(), scale, mode, row, configs, g.new_counters(n, weight.device))
 
 
 @triton.jit

@@ -136,15 +136,6 @@ def _program_tile(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def _row_scales(xs_ptr, offs_m, m_ok, X_SCALED: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Per-row activation scales [BLOCK_M] (x arrives quantized), or ones."""
-    if X_SCALED:
-        return tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)
-    else:
-        return tl.full((BLOCK_M,), 1.0, tl.float32)
-
-
-@triton.jit
 def _gemv_kernel(
     x_ptr, xs_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
     M, N, K, k_per_split, p_per_split, stride_xm, stride_wn, stride_sn, stride_om,
@@ -187,8 +178,7 @@ def _gemv_kernel(
             acc2 += prod
     if not USE_DOT:
         acc = tl.sum(acc2, axis=1)[None, :]
-    xsc = _row_scales(xs_ptr, offs_m, m_ok, X_SCALED, BLOCK_M)
-    _epilogue(acc, xsc, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
               M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, SPLIT, FUSED_REDUCE)
 
 
@@ -221,14 +211,13 @@ def _gemv_rows_kernel(
             prod = prod * sb[None, :, None]
         acc3 += prod
     acc = tl.sum(acc3, axis=2)
-    xsc = _row_scales(xs_ptr, offs_m, m_ok, X_SCALED, BLOCK_M)
-    _epilogue(acc, xsc, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+    _epilogue(acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
               M, N, stride_om, SCALE_MODE, X_SCALED, HAS_BIAS, SPLIT, FUSED_REDUCE)
 
 
 @triton.jit
 def _epilogue(
-    acc, xsc, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
+    acc, xs_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr, offs_m, offs_n, m_ok, n_ok, pid_k,
     M, N, stride_om, SCALE_MODE: tl.constexpr, X_SCALED: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
 ):
@@ -245,7 +234,7 @@ def _epilogue(
     if SCALE_MODE == _S_CHANNEL:
         acc = acc * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
     if X_SCALED:
-        acc = acc * xsc[:, None]
+        acc = acc * tl.load(xs_ptr + offs_m, mask=m_ok, other=0.0)[:, None]
     mask = m_ok[:, None] & n_ok[None, :]
     o = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     if SPLIT == 1:  # this program owns y[offs_m, offs_n]
@@ -321,7 +310,7 @@ def launch(
     split = triton.cdiv(k, per)
     bm = cfg.block_m(m)
     grid = (triton.cdiv(n, cfg.block_n), split, triton.cdiv(m, bm))
-    fused = split > 1 and counters is not None and counters.numel() >= grid[0] * grid[2]
+    fused = split > 1 and counters is not None and counters.numel() >= tiles(n, m, cfg)
     part = out if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=x.device)
     common = dict(out=out, part=part, cnt=counters if fused else out, split=split, fused=fused, bm=bm,
                   grid=grid, per=per, bias=bias, x_scale=x_scale, w_scale=w_scale)
@@ -339,6 +328,12 @@ def launch(
 def tiles(n: int, m: int, cfg: GemvConfig) -> int:
     """Output tiles of a launch: the counters ``launch`` needs for an in-kernel split sum."""
     return triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m(m))
+
+
+def new_counters(n: int, device: torch.device) -> torch.Tensor:
+    """Counters for every decode-batch launch on an [N, K] weight (tiles of >= 4 columns, one
+    row block): a weight's own, made once at load."""
+    return torch.zeros(triton.cdiv(n, 4), dtype=torch.int32, device=device)
 
 
 def reduce_splits(part: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -376,7 +371,8 @@ def _launch_main(x, w, n, k, cfg, wfmt, scale_mode, w_zs, group, dot_dtype, *, o
         x, x_scale if x_scale is not None else out, w, w_scale if w_scale is not None else out,
         w_zs if w_zs is not None else out, bias if bias is not None else out, out, part, cnt,
         x.shape[0], n, k, per, per // 8, x.stride(0), w.stride(0), _scale_stride(w_scale), out.stride(0),
-        WFMT=wfmt, SCALE_MODE=scale_mode, GROUP=group, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None, SPLIT=split, FUSED_REDUCE=fused, USE_DOT=cfg.use_dot,
+        WFMT=wfmt, SCALE_MODE=scale_mode, GROUP=group, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None,
+        SPLIT=split, FUSED_REDUCE=fused, USE_DOT=cfg.use_dot,
         DOT_DTYPE=tl.float32 if INTERPRETED else _DOT_DTYPES[dot_dtype], BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -86,7 +86,7 @@ def prepack_w4a16(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, gr
     configs = {m: _config(n, k, group, m, sms, False) for m in (1, 2, 4, 8)}
     return W4A16Packed(
         pack_int4(q), scales.to(torch.float32).contiguous(), zeros.to(torch.float32).contiguous(),
-        n, k, group, configs, torch.zeros(-(-n // 4), dtype=torch.int32, device=q.device),
+        n, k, group, configs, g.new_counters(n, q.device),
     )
 
 
