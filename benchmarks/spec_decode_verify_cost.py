@@ -66,6 +66,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=40, help="timed steps per mode per block")
     p.add_argument("--blocks", type=int, default=5, help="blocks per mode (one timing each)")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--no-async", action="store_true",
+                   help="synchronous scheduling (draft model and EAGLE engines default to async scheduling on a GPU)")
     p.add_argument("--max-num-seqs", type=int, default=8, help="batch 1 is measured: few graphs to capture")
     p.add_argument("--host-drafts", action="store_true",
                    help="draft model / EAGLE: read the drafts back to the host after each proposal "
@@ -96,7 +98,7 @@ def make_engine(args: argparse.Namespace, root: Path):
         spec = {"method": "ngram", "num_speculative_tokens": args.k}
     return LLM(str(model), load_format="dummy", speculative_config=spec, max_model_len=4096,
                dtype="float32" if args.shape == "tiny" else "bfloat16", enforce_eager=args.enforce_eager,
-               max_num_seqs=args.max_num_seqs)
+               max_num_seqs=args.max_num_seqs, async_scheduling=False if args.no_async else None)
 
 
 def write_eagle_head(shape: str, root: Path, eagle3: bool = False) -> Path:
@@ -227,6 +229,7 @@ def profile_modes(llm, modes: dict, args: argparse.Namespace, out: Path) -> None
 
 def main() -> int:
     args = parse_args()
+    args.no_async = args.no_async or args.host_drafts  # steps scheduled ahead need device drafts
     from bench_cuda import SHAPES
 
     from octavo.platforms import current_platform
@@ -257,6 +260,7 @@ def main() -> int:
     print("RESULT " + json.dumps({
         "shape": args.shape, "draft_shape": args.draft_shape, "host_drafts": args.host_drafts,
         "in_step_launches": getattr(getattr(drafter, "in_step", None), "launches", None), "eagle": args.eagle, "eagle3": args.eagle3, "k": args.k, "device": current_platform.name,
+        "async_scheduling": llm.llm_engine.core.async_scheduling,
         "target_graphs": llm.llm_engine.core.runner.graph_runner is not None,
         "draft_graphs": getattr(llm.llm_engine.core.runner.drafter, "graph_runner", None) is not None,
         "median_plain_step_ms": 1e3 * plain_s, f"median_{spec_mode}_step_ms": 1e3 * spec_s,

@@ -37,6 +37,15 @@ prefix cache, so a block is cached only once every token in it is accepted.
 Models whose RoPE depends on the sequence length (a ``kv_key_fn``) are not drafted for: a
 verify chunk could cross the length at which their rotation switches.
 
+Speculative decoding with async scheduling: a verifying step adds ``1 + k`` placeholders, as
+if every draft were accepted, so the next step is scheduled for the request's next token and
+its next drafts before the accepted count is known (KV slots allocated for that best case;
+``max_tokens`` and the longest sequence are checked against it). When the result lands the
+placeholders go, ``num_computed_tokens`` is rolled back by the rejected drafts (this happens
+after the next step was scheduled: the two updates add up), and the runner, which waits for
+the accepted count before it stages the next step, corrects that step's computed count by the
+same amount (``ModelRunner``).
+
 Paused requests (``pause_requests``: their consumer stopped reading) are skipped in both
 passes, keeping their place and, when running, their blocks; when blocks run out a paused
 request is preempted before any other. ``resume_requests`` makes them schedulable again.
@@ -434,14 +443,15 @@ class Scheduler:
     def _advance(self, num_scheduled: dict[str, int], spec_tokens: dict[str, list[int]]) -> None:
         """The step's state update: computed counts move on (drafts included, until the
         rejected ones are rolled back); a step that reaches the end of the known tokens
-        samples the next one (an output placeholder until its value is in)."""
+        samples the next one (output placeholders until their values are in: one, plus one
+        per draft it verifies, as if all were accepted)."""
         requests = self.requests
         for rid, n in num_scheduled.items():
             req = requests[rid]
             req.num_computed_tokens += n
             num_drafts = len(spec_tokens.get(rid, ())) if spec_tokens else 0
             if req.num_computed_tokens - num_drafts == req.num_tokens + req.num_output_placeholders:
-                req.num_output_placeholders += 1
+                req.num_output_placeholders += 1 + num_drafts  # as if every draft is accepted
 
     # -- after the model ran --------------------------------------------------------------
     def _check_stop(self, req: Request) -> bool:
@@ -491,9 +501,9 @@ class Scheduler:
                 continue  # finished or preempted while the step ran
             if scheduled and scheduled.get(rid) is not req:
                 continue  # the id now names a newer request (the old one ended meanwhile)
-            if token_ids and req.num_output_placeholders:
-                req.num_output_placeholders -= 1
             drafts = spec.get(rid) if spec else None
+            if token_ids and req.num_output_placeholders:
+                req.num_output_placeholders -= 1 + len(drafts or ())
             if drafts:
                 self._roll_back_rejected(req, len(drafts), len(token_ids))
             plp = self._new_prompt_logprobs(req, prompt_lps.get(rid)) if prompt_lps else None

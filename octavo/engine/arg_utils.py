@@ -184,9 +184,6 @@ class EngineArgs:
         _check(self.distributed_executor_backend in ("mp", "ray"), "distributed_executor_backend", "mp or ray", self.distributed_executor_backend)
         if self.async_scheduling:
             _check(self.tensor_parallel_size == 1, "async_scheduling", "off with tensor_parallel_size > 1 (multi-process steps are synchronous)", self.async_scheduling)
-            _check(self.speculative_config is None, "async_scheduling",
-                   f"off with {flag('speculative_config')} (drafts are proposed from the previous step's tokens)",
-                   self.async_scheduling)
 
     # -- the builder: one function per seam ------------------------------------------------
     def create_engine_config(self) -> OctavoConfig:
@@ -196,10 +193,14 @@ class EngineArgs:
         speculative_config = self._speculative_config(model_config)
         drafting = speculative_config is not None and speculative_config.method in ("draft_model", "eagle", "eagle3")
         cache_config = self._cache_config(model_config, drafting)
+        if self.async_scheduling and speculative_config is not None and not drafting:
+            _check(False, "async_scheduling", f"off with {flag('speculative_config')} method "
+                   f"{speculative_config.method!r} (its drafts are read from the previous step's tokens on the "
+                   "host; draft_model, eagle and eagle3 run with async scheduling)", self.async_scheduling)
         config = OctavoConfig(
             model_config=model_config,
             cache_config=cache_config,
-            scheduler_config=self._scheduler_config(model_config.max_model_len),
+            scheduler_config=self._scheduler_config(model_config.max_model_len, speculative_config),
             device_config=DeviceConfig(device=current_platform.device_type),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
@@ -472,7 +473,7 @@ class EngineArgs:
             kv_cache_groups=make_kv_cache_groups(windows),
         )
 
-    def _scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+    def _scheduler_config(self, max_model_len: int, spec: SpeculativeConfig | None = None) -> SchedulerConfig:
         batched = self.max_num_batched_tokens
         if batched is None:
             floor = self.max_num_seqs if self.enable_chunked_prefill else max_model_len
@@ -482,7 +483,7 @@ class EngineArgs:
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
             async_scheduling = (not current_platform.device_is_host() and self.tensor_parallel_size == 1
-                                and self.speculative_config is None)
+                                and (spec is None or spec.method in ("draft_model", "eagle", "eagle3")))
         return SchedulerConfig(
             max_num_batched_tokens=batched,
             max_num_seqs=self.max_num_seqs,

@@ -11,14 +11,17 @@ are not overlapped while a running request samples from its own generated tokens
 (penalties, bad words, a structured-output grammar): those wait for the previous step,
 exactly as without async.
 
-Speculative decoding (``speculative_config``): after each step the proposer drafts tokens for
-every running request that is decoding (``Request.spec_token_ids``); the next step verifies
-them. It runs with synchronous scheduling: the drafts of step N+1 are proposed from step N's
-accepted tokens, which async scheduling would not have yet, so async scheduling is turned off
-(logged) when both are configured. On an accelerator a draft model's or EAGLE head's drafts
-stay on the device: the scheduler gets placeholders (it needs only their number), and the host
-schedules and stages the verifying step while the draft passes still run
-(``octavo.spec_decode.device_drafts``).
+Speculative decoding (``speculative_config``): before each step is scheduled the proposer
+drafts tokens for every running request that is decoding (``Request.spec_token_ids``); the
+step verifies them. A draft model's or EAGLE head's drafts stay on the device: the scheduler
+gets placeholders (it needs only their number), and the host schedules and stages the
+verifying step while the draft passes still run (``octavo.spec_decode.device_drafts``). That
+is also what lets them run with async scheduling: step N+1 is scheduled while step N runs,
+with placeholders for drafts proposed from step N's outcome, which the runner fills in when it
+stages step N+1 (after waiting for step N's accepted tokens, not for its draft passes); the
+scheduler counts step N's drafts as accepted until its result lands (``Scheduler``). The
+n-gram proposer reads the previous step's tokens on the host, so with it async scheduling is
+turned off (logged; refused when asked for explicitly).
 
 Requests with a structured-output grammar are drafted for too. Their drafts come to the host
 (the runner reads a grammar row's device drafts back), and the engine keeps the longest prefix
@@ -78,8 +81,9 @@ class EngineCore:
         self.structured_outputs = _make_structured_output_manager(config)
         self.async_scheduling = sc.async_scheduling and self.executor.supports_async_scheduling
         self.proposer = make_proposer(config.speculative_config, self.executor)
-        if self.proposer is not None and self.async_scheduling:
-            logger.info("speculative decoding: async scheduling turned off (drafts need the previous step's tokens)")
+        if self.async_scheduling and self.proposer is not None and not self.proposer.supports_async_scheduling:
+            logger.info("speculative decoding: async scheduling turned off (n-gram drafts need the previous "
+                        "step's tokens on the host)")
             self.async_scheduling = False
         self._inflight: tuple | None = None  # (SchedulerOutput, handle) launched, not resulted
         self.startup_seconds = time.perf_counter() - t0
@@ -158,11 +162,13 @@ class EngineCore:
             return
         reqs, rooms = [], []
         for req in sched.running:
-            if req.num_computed_tokens != req.num_tokens - 1 or req.spec_token_ids:
+            # with a step in flight its tokens count as known (placeholders, all drafts accepted)
+            known = req.num_tokens + req.num_output_placeholders
+            if req.num_computed_tokens != known - 1 or req.spec_token_ids:
                 continue
-            room = sched.max_seq_len - req.num_tokens
+            room = sched.max_seq_len - known
             if req.max_tokens is not None:
-                room = min(room, req.max_tokens - req.num_output_tokens - 1)
+                room = min(room, req.max_tokens - req.num_output_tokens - req.num_output_placeholders - 1)
             if room > 0:
                 reqs.append(req)
                 rooms.append(room)
@@ -199,6 +205,8 @@ class EngineCore:
         prev, self._inflight = self._inflight, None
         overlap = prev is None or (self.async_scheduling and self._can_overlap())
         if self.scheduler.has_unfinished_requests() and overlap:
+            if self.proposer is not None:
+                self._propose_drafts()
             so = self._schedule()
             if so.total_num_scheduled_tokens:
                 self._inflight = (so, self.executor.execute_model_async(so))

@@ -18,7 +18,8 @@ K/V recomputed at ``p + a`` is the same token at the same position after the sam
 Positions past a row's own blocks go to its scratch blocks, as in ``DraftModel``, and do not
 count as computed: the accepted drafts before ``p + a`` are reused only where the draft's
 previous passes wrote them into the row's own blocks (``DraftModel.fed``). The host
-then collects the drafts with ``take`` when the engine asks for them (after the step's result);
+then collects the drafts with ``take`` when the engine asks for them (after the step's result;
+with async scheduling, when the runner stages the next step);
 placeholders and the device store do the rest (``device_drafts``).
 
 Only a step of decode/verify rows, every one caught up (the draft's K/V valid below its

@@ -181,6 +181,11 @@ class DraftModel:
         return self.attn_backend.build_metadata(group_metadata[0])
 
     # -- proposing ------------------------------------------------------------------------
+    def num_drafts_of(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> np.ndarray:
+        """How many drafts ``propose_on_device`` will give ``rows`` when asked for ``num_drafts``
+        (each at most ``k``): all of them."""
+        return np.asarray(num_drafts, dtype=np.int64)
+
     def propose(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> list[list[int]]:
         """Up to ``num_drafts[i]`` (1..k) greedy drafts after the known tokens of ``rows[i]``
         of the ``InputBatch`` ``batch``; every known token but the last is computed by the target."""

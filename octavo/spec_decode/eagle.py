@@ -14,7 +14,8 @@ input staging are shared); what differs is where its inputs come from.
    get K/V from rejected inputs; the next step computes them again before any pass reads them.
    For each request that sampled, the head's output at its last valid position (the known
    tokens' second-to-last, ``n - 2``, picked on the device from the verification) is kept.
-2. propose (after the step is resulted): draft 1 is the argmax of the kept output; draft
+2. propose (once the step's tokens are in the input batch: after its result, or with async
+   scheduling when the runner stages the next step): draft 1 is the argmax of the kept output; draft
    ``j + 1`` comes from a single-token pass at position ``n - 2 + j`` fed draft ``j`` and the
    head's previous output in place of the target's hidden state.
 
@@ -118,13 +119,18 @@ class EagleDrafter(DraftModel):
         self.kept_step[rows] = self.steps
 
     # -- 2. propose -----------------------------------------------------------------------
+    def num_drafts_of(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> np.ndarray:
+        """``num_drafts`` where the kept output is of the row's current context (kept by the
+        last step, same occupancy), else 0."""
+        fresh = (self.kept_step[rows] == self.steps) & (self.kept_serial[rows] == batch.serial[rows])
+        return np.where(fresh, num_drafts, 0).astype(np.int64)
+
     @torch.inference_mode()
     def propose_on_device(self, batch, rows: np.ndarray, num_drafts: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
         """Up to ``num_drafts[i]`` greedy drafts after the known tokens of ``rows[i]``, on the
         device (see ``DraftModel.propose_on_device``); none for a row whose kept output is not of
         its current context."""
-        fresh = (self.kept_step[rows] == self.steps) & (self.kept_serial[rows] == batch.serial[rows])
-        counts = np.where(fresh, num_drafts, 0)
+        counts = self.num_drafts_of(batch, rows, num_drafts)
         drafts = torch.full((len(rows), max(int(counts.max()), 1)), -1, dtype=torch.int64, device=self.device)
         sel = np.nonzero(counts > 0)[0]
         if not len(sel):

@@ -32,6 +32,8 @@ from octavo.core.request import Request
 
 
 class NgramProposer:
+    supports_async_scheduling = False  # its drafts are read from the previous step's tokens, on the host
+
     def __init__(self, config: SpeculativeConfig) -> None:
         self.k = config.num_speculative_tokens
         self.min_n = config.prompt_lookup_min

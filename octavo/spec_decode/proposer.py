@@ -19,7 +19,10 @@ logger = logging.getLogger(__name__)
 
 class DraftModelProposer:
     """``draft_model`` / ``eagle``: the workers' ``DraftModel`` or ``EagleDrafter`` drafts
-    greedily (see ``draft_model`` and ``eagle``)."""
+    greedily (see ``draft_model`` and ``eagle``). Its drafts stay on the device, so it may be
+    asked for the drafts of step N+1 while step N runs (async scheduling)."""
+
+    supports_async_scheduling = True
 
     def __init__(self, config: SpeculativeConfig, executor) -> None:
         self.k = config.num_speculative_tokens

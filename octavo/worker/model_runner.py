@@ -9,7 +9,12 @@ mid-prompt chunks and sample nothing); sample.
 Speculative decoding: a request verifying ``k`` drafts computes its last known token and the
 drafts (written after its known tokens in the input batch) as one chunk of ``k + 1`` query
 tokens through the same paged attention; all ``k + 1`` positions are sampled and
-``octavo.spec_decode.rejection_sampler`` keeps the accepted prefix plus one token.
+``octavo.spec_decode.rejection_sampler`` keeps the accepted prefix plus one token. With async
+scheduling the next step is scheduled before the accepted count is known (the scheduler counts
+every draft accepted): when it is launched the runner first waits for the step in flight's
+sampled tokens (not its draft passes), appends them to the input batch, rolls the new step's
+computed counts back by the drafts that step rejected, and proposes the drafts the engine asked
+for meanwhile (placeholders until then); the new step is then staged as after a synchronous one.
 
 KV cache groups (``octavo/core/kv_cache_groups.py``): a model that mixes full and sliding-window
 layers gets one block table and slot mapping per group; each attention layer reads its group's
@@ -40,7 +45,7 @@ from octavo.core.sampler import (
 from octavo.core.sampler import token_seed as token_seed  # re-exported
 from octavo.core.scheduler_output import ModelRunnerOutput, SchedulerOutput
 from octavo.distributed.parallel_state import get_tp
-from octavo.spec_decode.device_drafts import DeviceDrafts, grid_drafts_from_inputs
+from octavo.spec_decode.device_drafts import DEVICE_DRAFT, DeviceDrafts, grid_drafts_from_inputs
 from octavo.spec_decode.rejection_sampler import (
     DraftLayout,
     layout_structure,
@@ -119,13 +124,17 @@ class ModelRunner:
             from octavo.spec_decode.eagle import EagleDrafter
 
             self.drafter = self.eagle = EagleDrafter(config, platform, self.device, self.transfer)
-        # On an accelerator the drafter's drafts stay on the device until verified (the
-        # scheduler gets placeholders): see octavo.spec_decode.device_drafts.
+        # On an accelerator, and wherever steps are scheduled ahead (async scheduling), the
+        # drafter's drafts stay on the device until verified (the scheduler gets placeholders):
+        # see octavo.spec_decode.device_drafts.
         self.device_drafts = None
-        if self.drafter is not None and not self.transfer.host:
+        if self.drafter is not None and (not self.transfer.host or config.scheduler_config.async_scheduling):
             self.device_drafts = DeviceDrafts(config.scheduler_config.max_num_seqs, spec.num_speculative_tokens,
                                               self.device, self.transfer)
         self._step_device_drafts: tuple[np.ndarray, np.ndarray] | None = None  # (rows, counts) this step
+        # Drafts asked for while the step they follow was still in flight: (request ids, counts),
+        # proposed when the next step is staged (``_fulfil_deferred``).
+        self._deferred: tuple[list[str], np.ndarray] | None = None
 
     # -- setup ----------------------------------------------------------------------------
     def _choose_attn_backend(self) -> tuple[type, list]:
@@ -468,7 +477,10 @@ class ModelRunner:
         """
         if len(self._unresulted) > 1:
             raise RuntimeError("at most one step may be in flight when the next one is launched")
+        collected = self._collect_in_flight(so)
         self._update_states(so)
+        if collected is not None:
+            self._roll_back_in_flight_drafts(collected, so)
         if so.total_num_scheduled_tokens == 0:
             return ReadyStep(ModelRunnerOutput([], []))
         step = self._prepare_inputs(so)
@@ -495,6 +507,45 @@ class ModelRunner:
         handle = StepHandle(self, step.req_ids, np.nonzero(step.sample_mask)[0], prompt_logprobs, sampled)
         self._unresulted.append(handle)
         return handle
+
+    def _collect_in_flight(self, so: SchedulerOutput) -> SampledTokens | None:
+        """Speculative decoding with a step in flight (async scheduling): wait for its sampled
+        tokens (not for its draft passes) and put them in the input batch, so this step is
+        staged from exact counts; then propose the drafts asked for meanwhile. Returns the
+        in-flight step's tokens when it verified drafts (None otherwise: nothing to correct)."""
+        deferred, self._deferred = self._deferred, None
+        if self.device_drafts is None or not self._unresulted:
+            if deferred is not None:
+                raise RuntimeError("drafts were deferred but no step is in flight")
+            return None
+        handle = self._unresulted[-1]
+        handle.collect()
+        if deferred is not None:
+            self._fulfil_deferred(*deferred, gone=so.finished_req_ids | so.preempted_req_ids)
+        s = handle.sampled
+        return s if s is not None and s.num_emitted_host is not None else None
+
+    def _fulfil_deferred(self, req_ids: list[str], counts: np.ndarray, gone: set[str]) -> None:
+        """Propose the drafts deferred by ``propose_drafts`` (before this step's block ids are
+        applied: the draft's progress counts only its requests' earlier blocks, as after a
+        synchronous step). Requests that finished or were preempted since are skipped."""
+        keep = np.fromiter((r not in gone for r in req_ids), dtype=bool, count=len(req_ids))
+        if not keep.any():
+            return
+        ids = [r for r, k in zip(req_ids, keep.tolist(), strict=True) if k]
+        rows = np.fromiter((self.input_batch.row_of[r] for r in ids), dtype=np.int64, count=len(ids))
+        self.device_drafts.keep(rows, *self._queue_drafts(rows, counts[keep]))
+
+    def _roll_back_in_flight_drafts(self, s: SampledTokens, so: SchedulerOutput) -> None:
+        """The scheduler staged this step counting the in-flight step's drafts as accepted; the
+        rows it updated (``scheduled_cached_reqs``) compute from their accepted count instead."""
+        batch = self.input_batch
+        updated = np.zeros(batch.max_num_reqs, dtype=bool)
+        for c in so.scheduled_cached_reqs:
+            updated[batch.row_of[c.req_id]] = True
+        rejected = s.layout.counts - s.num_emitted_host.numpy().astype(np.int64, copy=False)
+        fix = updated[s.rows] & (batch.serial[s.rows] == s.serials) & (rejected > 0)
+        batch.num_computed[s.rows[fix]] -= rejected[fix]
 
     def _sample(self, step: StepInputs, hidden: torch.Tensor, so: SchedulerOutput) -> SampledTokens:
         """Sample the requests of ``step`` that sample (every position of a verifying request),
@@ -583,22 +634,39 @@ class ModelRunner:
         known tokens but the last are all computed (after its step has been resulted)."""
         if self.drafter is None:
             raise RuntimeError("propose_drafts needs speculative method draft_model, eagle or eagle3")
-        if self._unresulted:
-            raise RuntimeError("drafts are proposed after the step that produced their context is resulted")
         if not num_drafts:
             return {}
         req_ids = list(num_drafts)
         rows = np.fromiter((self.input_batch.row_of[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
         counts = np.fromiter(num_drafts.values(), dtype=np.int64, count=len(req_ids))
+        if self._pending() is not None:
+            return self._defer(req_ids, rows, counts)
         if self.device_drafts is None:
             drafts = self.drafter.propose(self.input_batch, rows, counts)
         else:  # nothing waits for the draft passes: the next step is staged meanwhile
-            queued = None if self.eagle is not None else self.drafter.in_step.take(self.input_batch, rows, counts)
-            if queued is None:
-                queued = self.drafter.propose_on_device(self.input_batch, rows, counts)
-            drafts = self.device_drafts.keep(rows, *queued)
+            drafts = self.device_drafts.keep(rows, *self._queue_drafts(rows, counts))
             self._read_back_grammar_drafts(rows, drafts)
         return dict(zip(req_ids, drafts, strict=True))
+
+    def _queue_drafts(self, rows: np.ndarray, counts: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+        """The rows' drafts on the device: queued inside the last step when it qualified, else
+        proposed now (the passes are queued; nothing waits for them)."""
+        queued = None if self.eagle is not None else self.drafter.in_step.take(self.input_batch, rows, counts)
+        if queued is None:
+            queued = self.drafter.propose_on_device(self.input_batch, rows, counts)
+        return queued
+
+    def _defer(self, req_ids: list[str], rows: np.ndarray, counts: np.ndarray) -> dict[str, list[int]]:
+        """Drafts asked for while the step they follow is in flight (async scheduling): the
+        scheduler gets placeholders now, the drafts are proposed when the next step is staged
+        (``_collect_in_flight``). Only device drafts can wait; a grammar row's cannot (the
+        engine validates its drafts on the host, and never overlaps steps for it)."""
+        if self.device_drafts is None or self.input_batch.has_grammar[rows].any():
+            raise RuntimeError("drafts are proposed after the step that produced their context is resulted "
+                               "(only device drafts of rows without a grammar may be deferred)")
+        counts = self.drafter.num_drafts_of(self.input_batch, rows, counts)
+        self._deferred = (req_ids, counts)
+        return {r: [DEVICE_DRAFT] * int(n) for r, n in zip(req_ids, counts.tolist(), strict=True)}
 
     def _read_back_grammar_drafts(self, rows: np.ndarray, drafts: list[list[int]]) -> None:
         """Replace the placeholders of grammar-constrained rows by their drafts' values (waits
@@ -613,7 +681,9 @@ class ModelRunner:
 
     def _pending(self) -> SampledTokens | None:
         """Tokens of the last launched step not yet on the host (None when all are)."""
-        return self._unresulted[-1].sampled if self._unresulted else None
+        if not self._unresulted or self._unresulted[-1].collected:
+            return None
+        return self._unresulted[-1].sampled
 
     def _finish_step(self, handle: StepHandle) -> None:
         """Called by ``handle.result()``: steps are resulted in launch order."""

@@ -98,11 +98,28 @@ class StepHandle:
         self.sampled = sampled
         self._output: ModelRunnerOutput | None = None
 
+    @property
+    def collected(self) -> bool:
+        """Its tokens are in the input batch (``collect`` ran)."""
+        return self._output is not None
+
     def result(self) -> ModelRunnerOutput:
-        if self._output is not None:
-            return self._output
+        out = self.collect()
+        if self._runner is not None:
+            self._runner._finish_step(self)
+            self._runner = None
+        return out
+
+    def collect(self) -> ModelRunnerOutput:
+        """Wait for the step's sampled tokens and append them to the runner's input batch (once;
+        ``result`` calls it, and a runner that must stage the next step from exact token counts
+        calls it earlier: speculative decoding with async scheduling)."""
+        if self._output is None:
+            self._output = self._collect()
+        return self._output
+
+    def _collect(self) -> ModelRunnerOutput:
         runner, s = self._runner, self.sampled
-        runner._finish_step(self)
         sampled_lists: list[list[int]] = [[] for _ in self._req_ids]
         logprobs_lists = None
         if s is not None:
@@ -125,14 +142,12 @@ class StepHandle:
                 logprobs_lists = [None] * len(self._req_ids)
                 for i, lp in zip(pos, per_row, strict=True):
                     logprobs_lists[i] = lp
-        self._output = ModelRunnerOutput(
+        return ModelRunnerOutput(
             req_ids=self._req_ids,
             sampled_token_ids=sampled_lists,
             logprobs=logprobs_lists,
             prompt_logprobs=self._prompt_logprobs,
         )
-        self._runner = None
-        return self._output
 
     @staticmethod
     def _emit_runs(batch, s: SampledTokens, keep: np.ndarray, pos: list[int], sampled_lists: list) -> list | None:

@@ -5,7 +5,9 @@ each decoding request gets 0-4 random drafts and the fake runner accepts a rando
 drafts it was scheduled, emitting exactly those draft tokens plus one. After every step the KV
 invariants hold and each running request has computed no more than its known tokens (the
 rejected drafts are rolled back); at the end everything drains and every block is free.
-Across the examples this runs well over 10k speculative steps.
+Across the examples this runs well over 10k speculative steps. In async mode each step's
+result is handed to the scheduler only after the next step was scheduled (drafts counted as
+accepted meanwhile, then rolled back), as the engine does with async scheduling.
 """
 
 import random
@@ -31,8 +33,9 @@ def _fake_runner(s: Scheduler, so, rng: random.Random) -> ModelRunnerOutput:
         drafts = so.scheduled_spec_decode_tokens.get(rid, [])
         assert n >= len(drafts) + (1 if drafts else 0)
         req_ids.append(rid)
-        # Before update_from_output the request has computed its known tokens and the drafts.
-        done = req.num_computed_tokens - len(drafts) == req.num_tokens
+        # Right after schedule: the request computes up to its known tokens and those in flight
+        # (placeholders, this step's included: one plus one per draft), so it samples.
+        done = req.num_computed_tokens == req.num_tokens + req.num_output_placeholders - 1
         if not done:
             sampled.append([])
             continue
@@ -45,7 +48,7 @@ def _fake_runner(s: Scheduler, so, rng: random.Random) -> ModelRunnerOutput:
 
 def _propose(s: Scheduler, rng: random.Random) -> None:
     for req in s.running:
-        if req.num_computed_tokens == req.num_tokens - 1:
+        if req.num_computed_tokens == req.num_tokens + req.num_output_placeholders - 1 and not req.spec_token_ids:
             req.spec_token_ids = [rng.randint(1, 60) for _ in range(rng.randint(0, 4))]
 
 
@@ -61,24 +64,33 @@ def _propose(s: Scheduler, rng: random.Random) -> None:
     arrivals=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 10), st.integers(1, 16),
                                 st.sampled_from([1, 1, 2]), st.integers(0, 3)), min_size=1, max_size=40),
     groups=st.sampled_from([(None,), (None,), (4,), (None, 3), (5, None, 5)]),
+    async_=st.booleans(),
 )
 def test_speculative_steps_keep_invariants(num_blocks, block_size, budget, max_seqs, policy, caching, seed, arrivals,
-                                           groups):
-    """``groups``: KV cache group windows (one group, or a mixed full/sliding-window model's)."""
+                                           groups, async_):
+    """``groups``: KV cache group windows (one group, or a mixed full/sliding-window model's);
+    ``async_``: a step's result lands after the next step is scheduled."""
     rng = random.Random(seed)
     kv = KVCacheManager(num_blocks, block_size, enable_caching=caching, group_windows=groups,
                         max_chunk_tokens=budget)
     s = Scheduler(kv, budget, max_seqs, 64, policy=policy)
 
+    in_flight = []  # async: the step scheduled last, its result not handed over yet
+
     def one_step():
         _propose(s, rng)
         so = s.schedule()
         check_scheduler_invariants(s)
-        s.update_from_output(so, _fake_runner(s, so, rng))
+        in_flight.append((so, _fake_runner(s, so, rng)))
+        if not async_ or len(in_flight) > 1 or not so.total_num_scheduled_tokens:
+            land()
+        STEPS["spec"] += 1
+
+    def land():
+        s.update_from_output(*in_flight.pop(0))
         check_scheduler_invariants(s)
         for r in s.running:
-            assert r.num_computed_tokens <= r.num_tokens, "rejected drafts were not rolled back"
-        STEPS["spec"] += 1
+            assert r.num_computed_tokens <= r.num_tokens + r.num_output_placeholders, "rejected drafts not rolled back"
 
     for i, (prefix, suffix_len, max_tokens, n, prio) in enumerate(arrivals):
         prompt = (PREFIXES[prefix] if prefix < len(PREFIXES) else []) + [rng.randint(1, 60) for _ in range(suffix_len)]
@@ -95,6 +107,8 @@ def test_speculative_steps_keep_invariants(num_blocks, block_size, budget, max_s
         if not s.has_unfinished_requests():
             break
         one_step()
+    while in_flight:
+        land()
     assert not s.has_unfinished_requests(), "requests never finished"
     s.schedule()
     assert_all_free(s)

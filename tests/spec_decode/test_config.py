@@ -52,15 +52,18 @@ def test_errors_name_the_problem(value, message):
     assert message in str(e.value) and "--speculative-config" in str(e.value)
 
 
-def test_engine_args_validate_and_refuse_explicit_async(llama_dir):
+def test_engine_args_validate_and_refuse_explicit_async_with_ngram(llama_dir):
     spec = json.dumps({"method": "ngram", "num_speculative_tokens": 3})
     cfg = EngineArgs(model=llama_dir, speculative_config=spec).create_engine_config()
     assert cfg.speculative_config == SpeculativeConfig("ngram", 3, 5, 5)
     assert not cfg.scheduler_config.async_scheduling
     with pytest.raises(ValueError, match="unknown keys"):
         EngineArgs(model=llama_dir, speculative_config={"method": "ngram", "k": 3}).create_engine_config()
-    with pytest.raises(ValueError, match="async.scheduling.*speculative.config"):
+    with pytest.raises(ValueError, match="async.scheduling.*speculative.config.*'ngram'"):
         EngineArgs(model=llama_dir, speculative_config=spec, async_scheduling=True).create_engine_config()
+    draft = {"method": "draft_model", "model": llama_dir, "num_speculative_tokens": 2}
+    cfg = EngineArgs(model=llama_dir, speculative_config=draft, async_scheduling=True).create_engine_config()
+    assert cfg.scheduler_config.async_scheduling  # drafts on the device: async scheduling runs with them
 
 
 def test_cli_flag_and_worker_forwarding(llama_dir):

@@ -1,8 +1,8 @@
 """n-gram, draft-model, EAGLE and EAGLE-3 speculation on a GPU (CUDA graphs captured for the plain decode
 steps and the draft's single-token passes, verify steps eager): greedy output equals
 speculation off on the same device, every fixture architecture of the quick set, float32;
-seeded sampling draws the same tokens; the engine logs the fallback to synchronous
-scheduling."""
+seeded sampling draws the same tokens. Draft models and EAGLE heads run with async
+scheduling (the default on a GPU); n-gram speculation keeps synchronous scheduling."""
 
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ def _run(path: str, spec: dict | None, params, before=None, after=None, **kw):
     it before and after generating."""
     from octavo import LLM
 
-    llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, **kw)
+    kw.setdefault("num_gpu_blocks_override", 256)
+    llm = LLM(path, dtype="float32", speculative_config=spec, **kw)
     if before is not None:
         before(llm)
     outs = llm.generate(_prompts(llm.llm_engine.config.model_config.vocab_size), params, use_tqdm=False)
     stats = llm.llm_engine.get_stats()
-    assert not llm.llm_engine.core.async_scheduling or spec is None
+    assert llm.llm_engine.core.async_scheduling == kw.get("async_scheduling", spec is None or spec["method"] != "ngram")
     if after is not None:
         after(llm)
     llm.shutdown()
@@ -180,7 +181,7 @@ def _drafts_with_plain_steps_between(path: str, spec: dict, eager: bool) -> tupl
     from octavo import LLM, SamplingParams
 
     llm = LLM(path, dtype="float32", speculative_config=spec, num_gpu_blocks_override=256, max_num_seqs=16,
-              enforce_eager=eager)
+              enforce_eager=eager, async_scheduling=False)  # proposals dropped after the step
     assert (llm.llm_engine.core.runner.graph_runner is None) == eager
     drafter, seen, calls = llm.llm_engine.core.runner.drafter, [], [0]
     propose = drafter.propose_on_device  # what the runner calls on a GPU
@@ -212,3 +213,30 @@ def test_eagle_heads_read_hidden_states_of_graph_replays(eagle3_setups, eagle_he
         eager = _drafts_with_plain_steps_between(path, spec, eager=True)
         assert graphs[0] == eager[0]
         assert graphs[1] == eager[1] and sum(len(d) for p in graphs[1] for d in p) > 0
+
+
+@pytest.mark.cuda
+@needs_gpu
+@pytest.mark.parametrize("method", ["draft_model", "eagle"])
+def test_async_scheduling_identical_on_cuda(llama_dir, small_draft_dir, eagle_heads, method):
+    """Speculation with async scheduling on the GPU (the next step scheduled while the verify
+    step and its draft passes run; graphs replayed): the same output as synchronous scheduling
+    and as speculation off, also when the KV pool forces preemptions; nothing left allocated."""
+    from octavo import SamplingParams
+
+    model = small_draft_dir if method == "draft_model" else eagle_heads["llama", "random"]
+    spec = {"method": method, "model": model, "num_speculative_tokens": 3}
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    launched = []
+
+    def in_step_used(llm) -> None:
+        core = llm.llm_engine.core
+        assert core.scheduler.kv_cache_manager.usage == 0.0 and core._inflight is None
+        launched.append(core.runner.drafter.in_step.launches)
+
+    for kw in ({}, {"num_gpu_blocks_override": 10, "block_size": 16, "max_model_len": 128}):
+        base, _ = _run(llama_dir, None, params, **kw)
+        sync, _ = _run(llama_dir, spec, params, async_scheduling=False, max_num_seqs=16, **kw)
+        got, stats = _run(llama_dir, spec, params, after=in_step_used, max_num_seqs=16, **kw)
+        assert got == sync == base and stats.spec_num_draft_tokens > 0
+    assert method == "eagle" or launched[0] > 0  # a draft model's passes queued inside the steps
