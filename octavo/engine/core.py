@@ -89,13 +89,14 @@ class EngineCore:
         self.startup_seconds = time.perf_counter() - t0
         mc = config.model_config
         logger.info(
-            "platform %s | attention %s | graphs %s | async scheduling %s | dtype %s | KV cache %d "
+            "platform %s | attention %s | graphs %s | async scheduling %s | dtype %s | KV cache %s%d "
             "blocks x %d = %d tokens | weights %.1f MiB | ready in %.2fs",
             platform.name,
             self.executor.attn_backend_name,
             self.executor.worker_infos[0].get("graphs", "none") if self.executor.worker_infos else "none",
             "on" if self.async_scheduling else "off",
             str(mc.dtype).removeprefix("torch."),
+            "" if cc.kv_cache_dtype == "auto" else f"{cc.kv_cache_dtype} ",
             num_blocks,
             cc.block_size,
             (num_blocks - 1) * cc.block_size,

@@ -173,6 +173,7 @@ class CudaPlatform(CudaLikePlatform):
     decode_gemv = "auto"  # Triton split-K GEMV where it beats cuBLAS (timed at load)
     supported_quantization = ("awq", "compressed-tensors", "fp8", "gptq", "int8")
     supported_online_quantization = ("fp8", "int8")
+    supported_kv_cache_dtypes = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # fp8: triton_paged
     quant_kernel_priority: ClassVar[dict[str, tuple[str, ...]]] = {
         "int": ("triton_w4a16",), "fp8": ("triton_fp8",),
     }

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from octavo.attention.backend import CommonAttentionMetadata
+from octavo.attention.kv_cache_dtype import kv_cache_torch_dtype
 from octavo.config import ModelConfig, OctavoConfig
 from octavo.distributed.parallel_state import get_tp
 from octavo.spec_decode.draft_in_step import InStepLauncher
@@ -100,6 +101,7 @@ class DraftModel:
         self.attn_backend, _ = platform.get_attn_backend(
             self.mc.head_size, self.mc.dtype, config.cache_config.kv_cache_dtype, self.block_size
         )
+        self.kv_dtype = kv_cache_torch_dtype(config.cache_config.kv_cache_dtype, self.mc.dtype)
         self.scratch_per_row = -(-self.k // self.block_size) + 1
         max_rows = config.scheduler_config.max_num_seqs
         self.num_rows = max_rows
@@ -131,7 +133,7 @@ class DraftModel:
 
     def kv_bytes_per_block(self) -> int:
         shape = self.attn_backend.get_kv_cache_shape(1, self.block_size, self.num_kv_heads, self.mc.head_size)
-        return int(np.prod(shape)) * torch.empty((), dtype=self.mc.dtype).element_size() * self.mc.num_layers
+        return int(np.prod(shape)) * self.kv_dtype.itemsize * self.mc.num_layers
 
     def scratch_bytes(self) -> int:
         return self.num_rows * self.scratch_per_row * self.kv_bytes_per_block()
@@ -141,7 +143,7 @@ class DraftModel:
         total = num_blocks + self.num_rows * self.scratch_per_row
         shape = self.attn_backend.get_kv_cache_shape(total, self.block_size, self.num_kv_heads, self.mc.head_size)
         alloc = torch.empty if self.platform.device_is_host() else torch.zeros
-        self.kv_caches = [alloc(shape, dtype=self.mc.dtype, device=self.device) for _ in range(self.mc.num_layers)]
+        self.kv_caches = [alloc(shape, dtype=self.kv_dtype, device=self.device) for _ in range(self.mc.num_layers)]
         for layer, cache in zip(self.model.attention_layers(), self.kv_caches, strict=True):
             layer.kv_cache = cache
         self.num_blocks = num_blocks

@@ -117,7 +117,7 @@ def profile_kv_cache_budget(runner) -> int:
     largest = capture_sizes(sc.max_num_seqs)[-1] if graphs else 0
     blocks = max(sum(-(-n // runner.block_size) for n in lengths), largest) + 1
     shape = runner.attn_backend.get_kv_cache_shape(blocks, runner.block_size, runner.num_kv_heads_local, mc.head_size)
-    kv = torch.zeros(shape, dtype=runner.dtype, device=runner.device)
+    kv = torch.zeros(shape, dtype=runner.kv_dtype, device=runner.device)
 
     peak = max(_peak_of(runner, lengths, kv, with_logits=True), _moe_peak(runner, num_tokens))
     graph_pool = 0

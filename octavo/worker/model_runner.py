@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from octavo.attention.backend import CommonAttentionMetadata, KVGroupMetadata
+from octavo.attention.kv_cache_dtype import kv_cache_torch_dtype
 from octavo.config import OctavoConfig
 from octavo.core.sampler import (
     BitmaskKernel,
@@ -87,6 +88,7 @@ class ModelRunner:
         self.worker_setup = platform.setup_worker(local_rank, config.parallel_config.tensor_parallel_size)
         self.num_kv_heads_local = mc.kv_heads_per_rank(config.parallel_config.tensor_parallel_size)
         self.dtype = mc.dtype
+        self.kv_dtype = kv_cache_torch_dtype(config.cache_config.kv_cache_dtype, mc.dtype)
         self.block_size = config.cache_config.block_size
         self.max_model_len = mc.max_model_len
         self.attn_backend, self.skipped_backends = self._choose_attn_backend()
@@ -209,7 +211,7 @@ class ModelRunner:
         mc = self.config.model_config
         shape = self.attn_backend.get_kv_cache_shape(1, self.block_size, self.num_kv_heads_local, mc.head_size)
         draft = self.drafter.kv_bytes_per_block() if self.drafter is not None else 0
-        return int(np.prod(shape)) * torch.empty((), dtype=self.dtype).element_size() * self.num_kv_tensors + draft
+        return int(np.prod(shape)) * self.kv_dtype.itemsize * self.num_kv_tensors + draft
 
     @property
     def num_kv_tensors(self) -> int:
@@ -263,7 +265,7 @@ class ModelRunner:
         # mapping wrote (positions < seq_len, inside any sliding window). Device memory is
         # zeroed (a fast memset): padded graph rows there read the null block.
         alloc = torch.empty if self.platform.device_is_host() else torch.zeros
-        self.kv_caches = [alloc(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_kv_tensors)]
+        self.kv_caches = [alloc(shape, dtype=self.kv_dtype, device=self.device) for _ in range(self.num_kv_tensors)]
         self._bind_kv_caches()
         self.num_blocks = num_blocks
         if self.drafter is not None:

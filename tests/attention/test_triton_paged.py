@@ -113,7 +113,7 @@ def test_backend_validate_messages():
     from octavo.attention.backends.triton_paged import TritonPagedBackend
     from octavo.platforms.cuda import CudaPlatform
 
-    reasons = TritonPagedBackend.validate(128, torch.bfloat16, "fp8", 16, CudaPlatform)
+    reasons = TritonPagedBackend.validate(128, torch.bfloat16, "int8", 16, CudaPlatform)
     assert any("not supported on this backend" in r for r in reasons)
     assert any("head size" in r for r in TritonPagedBackend.validate(12, torch.float16, "auto", 16, CudaPlatform))
     assert any("block size" in r for r in TritonPagedBackend.validate(64, torch.float16, "auto", 8, CudaPlatform))

@@ -23,6 +23,7 @@ from octavo.attention.backend import (
     StackedKVCacheBackend,
     metadata_from_common,
 )
+from octavo.attention.kv_cache_dtype import KV_CACHE_DTYPES
 
 # Split-KV (flash-decoding) policy: split decode and speculative-verify steps (a few query
 # tokens per request) whose (requests x KV heads) programs would leave most of the GPU idle,
@@ -60,12 +61,15 @@ class TritonPagedMetadata:
 class TritonPagedImpl(AttentionImpl):
     supports_sliding_window = True
     supports_logits_soft_cap = True
+    # An fp8 cache's per-layer scales (``octavo.attention.kv_cache_dtype``): 1.0.
+    k_scale = 1.0
+    v_scale = 1.0
 
     def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata):
         from octavo.attention.ops.paged_attention import alloc_workspace, paged_attention, write_kv
 
         md = attn_metadata
-        write_kv(key, value, kv_cache, md.slot_mapping)
+        write_kv(key, value, kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
         num_tokens = query.shape[0]
         out = torch.empty(
             (num_tokens, self.num_heads, self.head_size), dtype=query.dtype, device=query.device
@@ -81,6 +85,7 @@ class TritonPagedImpl(AttentionImpl):
             query, kv_cache, out, md.query_start_loc, md.seq_lens, md.block_table,
             md.num_reqs, md.max_query_len, self.scale, segments, workspace,
             sliding_window=self.sliding_window, logits_soft_cap=self.logits_soft_cap,
+            k_scale=self.k_scale, v_scale=self.v_scale,
         )
 
 
@@ -92,10 +97,19 @@ class TritonPagedBackend(StackedKVCacheBackend):
     # under TRITON_INTERPRET=1 by calling them directly.
     supported_device_types = ("cuda",)
     supported_block_sizes = (16, 32, 64, 128)
+    supported_kv_cache_dtypes = KV_CACHE_DTYPES
 
     @classmethod
     def extra_reasons(cls, head_size, dtype, kv_cache_dtype, block_size, platform):
         reasons = []
+        cap = None
+        if kv_cache_dtype != "auto" and platform is not None:
+            try:
+                cap = platform.get_device_capability()
+            except (RuntimeError, AssertionError):  # no device to ask (validation off the GPU)
+                cap = None
+        if cap is not None and tuple(cap) < (8, 9):
+            reasons.append(f"an fp8 KV cache needs compute capability 8.9 or newer (this GPU: {cap[0]}.{cap[1]})")
         try:
             import triton  # noqa: F401
         except ImportError:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from octavo.attention.kv_cache_dtype import fp8_max, is_fp8
+
 LOG2E = 1.4426950408889634
 
 
@@ -43,7 +45,7 @@ def _find_seq_idx(qsl_ptr, target, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit(do_not_specialize=["scale_log2", "num_seqs"])
+@triton.jit(do_not_specialize=["scale_log2", "v_scale", "num_seqs"])
 def _paged_attention_kernel(
     out_ptr,  # [T, H, D]
     q_ptr,  # [T, H, D] (any strides for T and H; D contiguous)
@@ -55,7 +57,8 @@ def _paged_attention_kernel(
     seg_out_ptr,  # [T, H, NUM_SEGMENTS, HEAD_PAD] fp32 (split mode only)
     seg_max_ptr,  # [T, H, NUM_SEGMENTS] fp32
     seg_sum_ptr,  # [T, H, NUM_SEGMENTS] fp32
-    scale_log2,  # softmax scale * log2(e)
+    scale_log2,  # softmax scale * log2(e) (* the K scale of an fp8 cache)
+    v_scale,  # the V scale of an fp8 cache (1.0 otherwise; applied to the output)
     num_seqs,
     stride_qt,
     stride_qh,
@@ -80,6 +83,7 @@ def _paged_attention_kernel(
     IEEE: tl.constexpr,
     SLIDING_WINDOW: tl.constexpr = 0,
     SOFTCAP: tl.constexpr = 0.0,
+    KV_FP8: tl.constexpr = False,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -109,6 +113,8 @@ def _paged_attention_kernel(
         mask=row_ok[:, None] & d_ok[None, :],
         other=0.0,
     )
+    if KV_FP8 and not IEEE:  # 16-bit inputs: dots in fp16, which holds every fp8 value exactly
+        q = q.to(tl.float16)
 
     # Keys this query block can see: up to the causal limit of its last query.
     kv_end = tl.minimum(seq_len, context_len + (local_block + 1) * BLOCK_Q)
@@ -159,6 +165,9 @@ def _paged_attention_kernel(
             mask=k_ok[:, None] & d_ok[None, :],
             other=0.0,
         )  # [TILE, HEAD_PAD]
+        if KV_FP8:  # widened exactly; the scales are folded into scale_log2 and v_scale
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         if IEEE:
             s = tl.dot(q, k, input_precision="ieee")
         else:
@@ -184,6 +193,8 @@ def _paged_attention_kernel(
             acc += tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     if NUM_SEGMENTS > 1:
         base = (tok * NUM_HEADS + head) * NUM_SEGMENTS + segment
         tl.store(seg_max_ptr + base, m_i, mask=row_ok)
@@ -240,6 +251,8 @@ def _write_kv_kernel(
     k_cache_ptr,  # [num_blocks, block_size, Hk, D]
     v_cache_ptr,
     slot_ptr,  # [T] int64; < 0 means "don't write" (padding)
+    inv_k_scale,  # fp8 cache: values stored as x / scale, saturated at FP8_MAX
+    inv_v_scale,
     stride_kt,
     stride_kh,
     stride_vt,
@@ -252,6 +265,7 @@ def _write_kv_kernel(
     HEAD_SIZE: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    FP8_MAX: tl.constexpr = 0.0,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
@@ -265,14 +279,19 @@ def _write_kv_kernel(
     k = tl.load(key_ptr + t * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], mask=mask)
     v = tl.load(value_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :], mask=mask)
     dst = blk * stride_cb + off * stride_cs + offs_h[:, None] * stride_ch + offs_d[None, :]
+    if FP8_MAX > 0.0:
+        k = tl.clamp(k.to(tl.float32) * inv_k_scale, -FP8_MAX, FP8_MAX)
+        v = tl.clamp(v.to(tl.float32) * inv_v_scale, -FP8_MAX, FP8_MAX)
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 def write_kv(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    k_scale: float = 1.0, v_scale: float = 1.0,
 ) -> None:
-    """Scatter the K/V of ``slot_mapping.numel()`` tokens into the cache (one launch)."""
+    """Scatter the K/V of ``slot_mapping.numel()`` tokens into the cache (one launch); an fp8
+    cache stores ``x / scale`` saturated at the format's largest value."""
     num_tokens = slot_mapping.shape[0]
     if num_tokens == 0:
         return
@@ -280,7 +299,7 @@ def write_kv(
     kc, vc = kv_cache[0], kv_cache[1]
     assert key.stride(-1) == 1 and value.stride(-1) == 1 and kc.stride(-1) == 1
     _write_kv_kernel[(num_tokens,)](
-        key, value, kc, vc, slot_mapping,
+        key, value, kc, vc, slot_mapping, 1.0 / k_scale, 1.0 / v_scale,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
         NUM_KV_HEADS=num_kv_heads,
@@ -288,6 +307,7 @@ def write_kv(
         HEAD_SIZE=head_size,
         HEAD_PAD=max(16, triton.next_power_of_2(head_size)),
         BLOCK_SIZE=block_size,
+        FP8_MAX=fp8_max(kc.dtype) if is_fp8(kc.dtype) else 0.0,
         num_warps=1 if num_kv_heads * head_size <= 1024 else 4,
     )
 
@@ -315,6 +335,8 @@ def paged_attention(
     tile: int | None = None,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention of ``query`` [T, H, D] over each request's cached + new keys.
 
@@ -322,7 +344,8 @@ def paged_attention(
     buffers, from ``alloc_workspace``; else they are allocated here). ``tile``: keys per
     loop iteration (default 64, 32 for head sizes over 128). ``sliding_window``: a query at
     position p sees keys (p - window, p] only. ``logits_soft_cap``: scores become
-    ``cap * tanh(score / cap)`` before the softmax. Writes into ``out``.
+    ``cap * tanh(score / cap)`` before the softmax. An fp8 cache (``--kv-cache-dtype fp8``) is
+    read as ``value * scale`` (``k_scale``, ``v_scale``). Writes into ``out``.
     """
     num_tokens, num_heads, head_size = query.shape
     if num_tokens == 0:
@@ -347,7 +370,7 @@ def paged_attention(
     _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_segments)](
         out, query, kc, vc, block_table, seq_lens, query_start_loc,
         seg_out, seg_max, seg_sum,
-        scale * LOG2E, num_seqs,
+        scale * LOG2E * k_scale, v_scale, num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
         vc.stride(0), vc.stride(1), vc.stride(2),
@@ -364,6 +387,7 @@ def paged_attention(
         IEEE=query.dtype == torch.float32,
         SLIDING_WINDOW=sliding_window or 0,
         SOFTCAP=float(logits_soft_cap or 0.0),
+        KV_FP8=is_fp8(kc.dtype),
         num_warps=num_warps,
         num_stages=2,
     )
