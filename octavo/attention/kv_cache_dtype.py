@@ -4,9 +4,8 @@
 byte per value: a token costs half the memory of a 16-bit cache, so the pool holds twice the
 tokens, and decode attention reads half the bytes. Values are stored as ``x / scale`` rounded to
 the format (saturated at its largest finite value) and read back as ``q * scale``, with one
-scale per layer for K and one for V. The scales are 1.0 (vLLM's default when a checkpoint
-carries none); checkpoints' calibrated KV scales are refused at load, with their
-``kv_cache_scheme``.
+scale per layer for K and one for V: the checkpoint's (``k_scale`` / ``v_scale``,
+``octavo.models.kv_scales``), else 1.0 (vLLM's default when a checkpoint carries none).
 """
 
 from __future__ import annotations

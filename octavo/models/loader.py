@@ -118,6 +118,7 @@ def _progress(total_bytes: int, it: Iterator, desc: str) -> Iterator:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, model_dir: str | os.PathLike, load_format: str = "auto") -> None:
+    from octavo.models.kv_scales import accept_kv_scale
     from octavo.quantization.linear import accept_tensor, finalize_all, quantized_targets
 
     params = dict(model.named_parameters())
@@ -131,6 +132,11 @@ def load_weights(model: nn.Module, model_dir: str | os.PathLike, load_format: st
     if split is not None:
         tensors = (pair for name, tensor in tensors for pair in split(name, tensor))
     for name, tensor in _progress(size, tensors, f"Loading {Path(model_dir).name}"):
+        try:
+            if accept_kv_scale(model, name, tensor):
+                continue
+        except ValueError as e:
+            raise ValueError(f"tensor {name!r}: {e}") from None
         target = model.map_checkpoint_name(name)
         if target is None:
             continue  # derivable by design (rotary inv_freq, a tied lm_head)

@@ -9,8 +9,10 @@
   block, activations dynamic per token or static ``input_scale`` [1];
 - INT8 W8A8, ``int-quantized``: ``weight`` int8, ``weight_scale`` [N, 1], symmetric activations
   dynamic per token or static ``input_scale``.
-``actorder: group`` (GPTQ act-order) adds ``weight_g_idx`` [K]. Anything else (asymmetric activations, sparsity, transforms, a KV cache
-scheme, other bit widths) is refused with the setting named.
+``actorder: group`` (GPTQ act-order) adds ``weight_g_idx`` [K]. A ``kv_cache_scheme`` of static
+per-tensor fp8 scales brings ``k_scale`` / ``v_scale`` per layer (``octavo.models.kv_scales``).
+Anything else (asymmetric activations, sparsity, transforms, other KV cache schemes, other bit
+widths) is refused with the setting named.
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ _META_KEYS = {"quant_method", "format", "config_groups", "ignore", "quantization
 _ARG_KEYS = {"num_bits", "type", "symmetric", "strategy", "group_size", "block_structure", "dynamic",
              "actorder", "observer", "observer_kwargs", "zp_dtype", "scale_dtype"}
 INT_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized")
+
+
+def check_kv_cache_scheme(scheme: dict[str, Any]) -> None:
+    """The one KV cache scheme octavo runs: static per-tensor fp8 scales (``k_scale`` /
+    ``v_scale`` per layer, ``octavo.models.kv_scales``), used with ``--kv-cache-dtype fp8``."""
+    a = Args.parse(scheme, "kv_cache_scheme")
+    if (a.num_bits, a.type, a.strategy, a.dynamic, a.symmetric) != (8, "float", "tensor", False, True):
+        raise ValueError(f"{WHAT}: kv_cache_scheme {scheme!r} is not supported (octavo runs static per-tensor "
+                         "fp8 scales: num_bits 8, type float, strategy tensor, dynamic false, symmetric)")
 
 
 @dataclass(frozen=True)
@@ -168,9 +179,11 @@ class CompressedTensorsConfig(QuantizationConfig):
         if cfg is None:
             raise ValueError("--quantization compressed-tensors needs a checkpoint with a compressed-tensors quantization_config")
         check_keys(cfg, _META_KEYS, WHAT)
-        for key in ("kv_cache_scheme", "sparsity_config", "transform_config"):
+        for key in ("sparsity_config", "transform_config"):
             if cfg.get(key):
                 raise ValueError(f"{WHAT}: {key} is not supported (octavo cannot honour {cfg[key]!r})")
+        if cfg.get("kv_cache_scheme"):
+            check_kv_cache_scheme(cfg["kv_cache_scheme"])
         fmt = cfg.get("format", "dense")
         groups = []
         for gname, g in (cfg.get("config_groups") or {}).items():
@@ -182,7 +195,7 @@ class CompressedTensorsConfig(QuantizationConfig):
             w = Args.parse(g["weights"], f"{gname}.weights")
             a = Args.parse(g["input_activations"], f"{gname}.input_activations") if g.get("input_activations") else None
             groups.append((list(g.get("targets") or []), method_for(w, a, g.get("format") or fmt, gname)))
-        if not groups:
+        if not groups and not cfg.get("kv_cache_scheme"):  # a KV-cache-only checkpoint has none
             raise ValueError(f"{WHAT}: quantization_config has no config_groups")
         return cls(groups, list(cfg.get("ignore") or []), fmt)
 

@@ -112,3 +112,22 @@ def test_fp8_kv_cache_on_cuda(kv_cache_dtype, wide_llama):
     print(f"\ncuda kv cache {kv_cache_dtype}: {result} (float32 cache: {plain})")
     assert result.top1 >= (0.85 if kv_cache_dtype == "fp8" else 0.7), result
     assert result.mean_abs_dlogprob < (0.2 if kv_cache_dtype == "fp8" else 0.35), result
+
+
+def test_fp8_kv_cache_with_checkpoint_scales_on_cuda(wide_llama, tmp_path):
+    """A checkpoint's per-layer ``k_scale`` / ``v_scale`` reach the kernels of an fp8 cache."""
+    from tests.models.test_kv_scales import _with_scales
+
+    scales = {}
+    for i in range(2):
+        scales[f"model.layers.{i}.self_attn.k_scale"] = 0.5
+        scales[f"model.layers.{i}.self_attn.v_scale"] = 0.25
+    d = _with_scales(wide_llama, tmp_path / "scaled", scales)
+    ref = hf_model(wide_llama)
+    seqs = reference_sequences(ref, ref.config.vocab_size)
+    llm = LLM(d, dtype="float32", max_num_seqs=8, num_gpu_blocks_override=256, kv_cache_dtype="fp8")
+    impls = [a.impl for a in llm.llm_engine.core.runner.model.attention_layers()]
+    assert [(i.k_scale, i.v_scale) for i in impls] == [(0.5, 0.25)] * 2
+    result = compare(llm, ref, seqs)
+    print(f"\ncuda kv cache fp8 with checkpoint scales: {result}")
+    assert result.top1 >= 0.85 and result.mean_abs_dlogprob < 0.2, result

@@ -81,10 +81,19 @@ def test_unsupported_compressed_tensors_scheme_is_refused(llama_dir, tmp_path, c
         LLM(str(d))
 
 
-def test_compressed_tensors_kv_cache_scheme_is_refused(llama_dir, tmp_path):
+@pytest.mark.parametrize("scheme", [{"num_bits": 8, "type": "float", "strategy": "channel"},
+                                    {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": True},
+                                    {"num_bits": 8, "type": "int", "strategy": "tensor"}])
+def test_compressed_tensors_kv_cache_schemes_other_than_static_fp8_are_refused(llama_dir, tmp_path, scheme):
+    d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", dict(COMPRESSED_FP8, kv_cache_scheme=scheme))
+    with pytest.raises(ValueError, match=r"compressed-tensors: kv_cache_scheme .* is not supported"):
+        LLM(str(d))
+
+
+def test_declared_kv_cache_scales_must_be_there(llama_dir, tmp_path):
     qc = dict(COMPRESSED_FP8, kv_cache_scheme={"num_bits": 8, "type": "float", "strategy": "tensor"})
     d = _fp8_checkpoint(llama_dir, tmp_path / "fp8", qc)
-    with pytest.raises(ValueError, match=r"compressed-tensors: kv_cache_scheme is not supported"):
+    with pytest.raises(ValueError, match=r"KV cache scales .* missing for the attention layers \[0, 1\]"):
         LLM(str(d))
 
 

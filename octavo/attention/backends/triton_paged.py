@@ -61,7 +61,8 @@ class TritonPagedMetadata:
 class TritonPagedImpl(AttentionImpl):
     supports_sliding_window = True
     supports_logits_soft_cap = True
-    # An fp8 cache's per-layer scales (``octavo.attention.kv_cache_dtype``): 1.0.
+    # An fp8 cache's per-layer scales (``octavo.attention.kv_cache_dtype``): the checkpoint's
+    # (``octavo.models.kv_scales`` sets them on the layer's instance), else 1.0.
     k_scale = 1.0
     v_scale = 1.0
 
