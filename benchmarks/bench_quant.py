@@ -26,16 +26,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cuda import SHAPES, write_model_dir  # noqa: E402
 
 
+def bench_cmd(kind: str, model: Path, variant: str, args: argparse.Namespace, out: Path) -> list[str]:
+    """``octavo bench KIND`` on the dummy-weight ``model`` for ``variant`` = ``METHOD[:KV_CACHE_DTYPE]``
+    (``none``: unquantized weights; the KV cache ``auto`` unless given)."""
+    method, _, kv = variant.partition(":")
+    cmd = [sys.executable, "-m", "octavo.entrypoints.cli", "bench", kind, "--model", str(model),
+           "--load-format", "dummy", "--dtype", args.dtype, "--input-len", str(args.input_len),
+           "--output-len", str(args.output_len), "--backend", "octavo",
+           "--max-model-len", str(args.input_len + args.output_len + 16), "--output-json", str(out),
+           "--kv-cache-dtype", kv or "auto"]
+    return cmd + (["--quantization", method] if method != "none" else [])
+
+
+def common_parser(doc: str, input_len: int, output_len: int) -> argparse.ArgumentParser:
+    """The options both quantization benchmarks take."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="llama8b", choices=sorted(SHAPES))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--input-len", type=int, default=input_len)
+    ap.add_argument("--output-len", type=int, default=output_len)
+    ap.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
+    return ap
+
+
+def bench_model(shape: str) -> Path:
+    return write_model_dir(shape, Path(tempfile.gettempdir()) / "octavo_bench_models")
+
+
 def run_one(model: Path, method: str, args: argparse.Namespace, out_dir: Path) -> dict:
     out = out_dir / f"latency_{method}.json"
-    cmd = [sys.executable, "-m", "octavo.entrypoints.cli", "bench", "latency", "--model", str(model),
-           "--load-format", "dummy", "--dtype", args.dtype, "--batch-size", str(args.batch_size),
-           "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-           "--num-iters", str(args.num_iters), "--num-iters-warmup", "1", "--backend", "octavo",
-           "--max-model-len", str(args.input_len + args.output_len + 16), "--disable-tqdm",
-           "--output-json", str(out)]
-    if method != "none":
-        cmd += ["--quantization", method]
+    cmd = bench_cmd("latency", model, method, args, out) + [
+        "--batch-size", str(args.batch_size), "--num-iters", str(args.num_iters), "--num-iters-warmup", "1",
+        "--disable-tqdm"]
     subprocess.run(cmd, check=True)
     report = json.loads(out.read_text())
     s, env = report["results"]["octavo"]["summary"], report["environment"]
@@ -45,19 +67,14 @@ def run_one(model: Path, method: str, args: argparse.Namespace, out_dir: Path) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="llama8b", choices=sorted(SHAPES))
+    ap = common_parser(__doc__, 128, 128)
     ap.add_argument("--methods", default="none,fp8,int8")
-    ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch-size", type=int, default=1)
-    ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--num-iters", type=int, default=3)
-    ap.add_argument("--out", default=os.environ.get("OUT", tempfile.gettempdir()))
     args = ap.parse_args()
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    model = write_model_dir(args.shape, Path(tempfile.gettempdir()) / "octavo_bench_models")
+    model = bench_model(args.shape)
     rows = [run_one(model, m, args, out_dir) for m in args.methods.split(",")]
     base = next((r for r in rows if r["method"] == "none"), rows[0])
     for r in rows:

@@ -637,7 +637,8 @@ class ModelRunner:
 
     def propose_drafts(self, num_drafts: dict[str, int]) -> dict[str, list[int]]:
         """Draft-model / EAGLE proposals: up to ``num_drafts[req_id]`` drafts for each request, whose
-        known tokens but the last are all computed (after its step has been resulted)."""
+        known tokens but the last are all computed (after its step has been resulted; while that
+        step is still in flight, placeholders now and the drafts when the next step is staged)."""
         if self.drafter is None:
             raise RuntimeError("propose_drafts needs speculative method draft_model, eagle or eagle3")
         if not num_drafts:
