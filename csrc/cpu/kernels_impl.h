@@ -765,14 +765,21 @@ struct SmallOps {
   using E = Elem<DT>;
   using T = typename E::T;
 
-  static int64_t chunk_rows(int64_t rows, int64_t n) {  // rows per work item (~32K elements)
-    int64_t c = 32768 / (n > 0 ? n : 1);
-    return c < 1 ? 1 : c;
+  // Rows per work item: items of about 32K elements, their count rounded up to a multiple of
+  // the threads once there are 4K elements per thread, so a decode batch splits evenly (48 rows
+  // of 576 were one item on one thread, 48 x 1536 three items on two).
+  static int64_t chunk_rows(int64_t rows, int64_t n, int num_threads) {
+    if (n < 1) n = 1;
+    int64_t items = (rows * n + 32767) / 32768;
+    const int64_t threads = threading::resolve_threads(num_threads);
+    if (threads > 1 && rows * n >= 4096 * threads) items = (items + threads - 1) / threads * threads;
+    if (items > rows) items = rows;
+    return items < 1 ? 1 : (rows + items - 1) / items;
   }
 
   static void rms_item(void* ctx, int64_t item, int) {
     const RMSNormArgs& a = *(const RMSNormArgs*)ctx;
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t r0 = item * per, r1 = r0 + per < a.rows ? r0 + per : a.rows;
     const int n = a.n, nv = n & ~15;
     const T* w = (const T*)a.weight;
@@ -816,7 +823,7 @@ struct SmallOps {
   }
 
   static void rms_norm(const RMSNormArgs& a) {
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t n_items = (a.rows + per - 1) / per;
     threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &rms_item, (void*)&a);
   }
@@ -825,7 +832,7 @@ struct SmallOps {
 
   static void silu_item(void* ctx, int64_t item, int) {
     const SiluMulArgs& a = *(const SiluMulArgs*)ctx;
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t r0 = item * per, r1 = r0 + per < a.rows ? r0 + per : a.rows;
     const int n = a.n, nv = n & ~15;
     const F one = bcast(1.f);
@@ -846,7 +853,7 @@ struct SmallOps {
   }
 
   static void silu_and_mul(const SiluMulArgs& a) {
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t n_items = (a.rows + per - 1) / per;
     threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &silu_item, (void*)&a);
   }
@@ -876,7 +883,7 @@ struct SmallOps {
   static void rope_item(void* ctx, int64_t item, int) {
     const RopeArgs& a = *(const RopeArgs*)ctx;
     const int D = a.head_size;
-    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * D);
+    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * D, a.num_threads);
     const int64_t t0 = item * per, t1 = t0 + per < a.num_tokens ? t0 + per : a.num_tokens;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = a.positions[t];
@@ -892,7 +899,7 @@ struct SmallOps {
   }
 
   static void rope(const RopeArgs& a) {
-    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * a.head_size);
+    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * a.head_size, a.num_threads);
     const int64_t n_items = (a.num_tokens + per - 1) / per;
     threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &rope_item, (void*)&a);
   }

@@ -177,3 +177,30 @@ def test_fused_op_bindings_check_their_tensors():
         cfo._rope(**{**ok, "positions": torch.tensor([0, 8])})
     with pytest.raises(ValueError, match="rope: positions .* must be int64"):
         cfo._rope(**{**ok, "positions": torch.tensor([0, 1], dtype=torch.int32)})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_ops_split_over_threads_equal_one_thread(dtype):
+    """Decode batches are split into one work item per thread or more (48 rows of 576 were one
+    item); the rows are independent, so the split result is the one-thread result bit for bit."""
+    torch.manual_seed(1)
+    x, r, w = (torch.randn(48, 576).to(dtype) for _ in range(3))
+    w = w[0].contiguous()
+    outs = []
+    for threads in (1, 2, 3):
+        out, ro = torch.empty_like(x), torch.empty_like(x)
+        cfo._rms_norm(x=x, weight=w, out=out, eps=1e-5, residual=r, residual_out=ro, num_threads=threads)
+        gu = torch.randn(48, 2 * 1536, generator=torch.Generator().manual_seed(2)).to(dtype)
+        h = torch.empty(48, 1536, dtype=dtype)
+        cfo._silu_and_mul(x=gu, out=h, num_threads=threads)
+        qkv = torch.randn(48, 12 * 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+        q, k = qkv[:, : 9 * 64].view(48, 9, 64), qkv[:, 9 * 64 :].view(48, 3, 64)
+        table = torch.randn(512, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
+        qo, ko = torch.empty(48, 9, 64, dtype=dtype), torch.empty(48, 3, 64, dtype=dtype)
+        cfo._rope(positions=torch.arange(48) * 7, q=q, k=k, cos=table, sin=table, q_out=qo, k_out=ko,
+                  num_threads=threads)
+        outs.append((out, ro, h, qo, ko))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other, strict=True):
+            assert torch.equal(a, b)
+
