@@ -159,6 +159,14 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         py::arg("sin"), py::arg("q_out"), py::arg("k_out"), py::arg("num_threads") = 0,
         "Neox RoPE of q [T, H, D] and k [T, Hk, D] into contiguous q_out, k_out.");
 
+  m.def("row_argmax",
+        [](py::handle x, py::handle out, int num_threads) {
+          run_unchecked(kern()->row_argmax, octavo::bind::row_argmax_args(x, out, num_threads));
+        },
+        py::kw_only(), py::arg("x"), py::arg("out"), py::arg("num_threads") = 0,
+        "out [rows] (int64) = the index of each row's first maximum of x [rows, n] (a NaN "
+        "counts as the maximum), as torch.argmax(x, dim=-1).");
+
   register_quant(m);
 
   m.def("gemv",

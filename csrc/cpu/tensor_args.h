@@ -309,6 +309,23 @@ inline RMSNormArgs rms_norm_args(py::handle x, py::handle weight, py::handle out
   return a;
 }
 
+inline ArgmaxArgs row_argmax_args(py::handle x, py::handle out, int num_threads) {
+  const char* fn = "row_argmax";
+  const View xv = rows_view(fn, "x", x);
+  const View o = index_view(fn, "out", out, 1, kI64);
+  require(xv.size[1] > 0, fn, xv, "must have a non-empty last dimension");
+  require(o.size[0] == xv.size[0], fn, o, "must be [rows] for x " + xv.shape());
+  ArgmaxArgs a{};
+  a.x = xv.ptr;
+  a.x_stride = xv.stride[0];
+  a.out = reinterpret_cast<int64_t*>(o.ptr);
+  a.rows = xv.size[0];
+  a.n = xv.size[1];
+  a.dtype = xv.dtype;
+  a.num_threads = num_threads;
+  return a;
+}
+
 inline SiluMulArgs silu_and_mul_args(py::handle x, py::handle out, int num_threads) {
   const char* fn = "silu_and_mul";
   const View xv = rows_view(fn, "x", x);

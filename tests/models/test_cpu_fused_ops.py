@@ -204,3 +204,37 @@ def test_small_ops_split_over_threads_equal_one_thread(dtype):
         for a, b in zip(outs[0], other, strict=True):
             assert torch.equal(a, b)
 
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_max_index_is_argmax(dtype):
+    """The extension's row argmax returns exactly ``argmax``: the first of tied maxima, the
+    first NaN where a row has one, infinities, signed zeros, an all -inf row's 0, rows shorter
+    than a vector or a chunk, strided rows; other shapes fall back to torch."""
+    g = torch.Generator().manual_seed(0)
+    ties = torch.randint(-3, 4, (33, 4099), generator=g).to(dtype)
+    mixed = torch.randn(6, 4099, generator=g).to(dtype)
+    mixed[0, 100] = mixed[0, 50] = mixed[2, 4098] = float("nan")
+    mixed[1, 3000] = mixed[1, 3001] = float("inf")
+    mixed[3, 7] = float("-inf")
+    mixed[4, 2000] = float("inf")
+    mixed[4, 4000] = float("nan")
+    ninf = torch.full((3, 4099), float("-inf"), dtype=dtype)
+    zeros = torch.zeros(3, 700, dtype=dtype)
+    zeros[0, 5] = zeros[1, :] = -0.0
+    zeros[1, 650] = 0.0
+    logits = torch.randn(48, 49152, generator=g).to(dtype)
+    for x in (ties, mixed, ninf, zeros, logits, ties[:1, :7], logits[:, :17], logits[:5, 3:1000]):
+        assert torch.equal(cfo.first_max_index(x), x.argmax(dim=-1))
+    for x in (logits[0], logits[:4, ::2], logits.view(4, 12, 49152)):  # torch's path
+        assert torch.equal(cfo.first_max_index(x), x.argmax(dim=-1))
+
+
+def test_the_cpu_sampler_takes_the_row_argmax():
+    from octavo.platforms.cpu import CpuPlatform
+    from octavo.worker.model_runner import _first_max_kernel
+
+    assert _first_max_kernel(CpuPlatform) is cfo.first_max_index
+    with pytest.raises(ValueError, match="row_argmax: out .* must be int64"):
+        cfo._row_argmax(x=torch.randn(2, 8), out=torch.empty(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="row_argmax: out .* must be \\[rows\\]"):
+        cfo._row_argmax(x=torch.randn(2, 8), out=torch.empty(3, dtype=torch.int64))
