@@ -30,6 +30,7 @@ static const Kernels* kern() {
 
 #include "tensor_args.h"
 #include "gemv_args.h"
+#include "layer_step.h"
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
@@ -55,6 +56,26 @@ static void run_checked(const char* name, const char* (*kernel)(const Args&), co
     throw py::error_already_set();
   }
   throw py::value_error(msg);
+}
+
+// The kernels of one decoder-layer step (layer_step.h) in their order; nullptr or why the
+// attention computed nothing (then nothing after it ran).
+static const char* run_layer_step(const octavo::bind::LayerStep& st) {
+  using octavo::OCTAVO_ISA_NS::gemv_bf16;
+  const Kernels* k = kern();
+  k->rms_norm(st.norm1);
+  gemv_bf16(st.qkv);
+  k->rope(st.rope);
+  if (st.attn_rows > st.written)
+    memset(st.attn_out + st.written * st.attn_row_elems, 0,
+           (size_t)(st.attn_rows - st.written) * st.attn_row_elems * sizeof(uint16_t));
+  if (const char* err = k->paged_attention(st.attn)) return err;
+  gemv_bf16(st.o);
+  k->rms_norm(st.norm2);
+  gemv_bf16(st.gate_up);
+  k->silu_and_mul(st.silu);
+  gemv_bf16(st.down);
+  return nullptr;
 }
 
 template <class Args>
@@ -158,6 +179,36 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         py::kw_only(), py::arg("positions"), py::arg("q"), py::arg("k"), py::arg("cos"),
         py::arg("sin"), py::arg("q_out"), py::arg("k_out"), py::arg("num_threads") = 0,
         "Neox RoPE of q [T, H, D] and k [T, Hk, D] into contiguous q_out, k_out.");
+
+  m.def("decoder_layer",
+        [](py::handle hidden, py::handle residual, py::handle hidden_out, py::handle residual_out,
+           py::handle norm1, py::handle norm2, float eps1, float eps2, py::handle qkv_weight,
+           py::handle qkv_bias, py::handle o_weight, py::handle o_bias, py::handle gate_up_weight,
+           py::handle gate_up_bias, py::handle down_weight, py::handle down_bias, py::handle positions,
+           py::handle cos, py::handle sin, int num_heads, int num_kv_heads, py::handle kv_cache,
+           py::handle slot_mapping, py::handle query_start_loc, py::handle seq_lens, py::handle block_table,
+           float scale, int sliding_window, float soft_cap, int num_threads) {
+          static thread_local std::vector<char> scratch;
+          const octavo::bind::LayerTensors in{
+              hidden, residual, hidden_out, residual_out, norm1, norm2, eps1, eps2, qkv_weight, qkv_bias,
+              o_weight, o_bias, gate_up_weight, gate_up_bias, down_weight, down_bias, positions, cos, sin,
+              num_heads, num_kv_heads, kv_cache, slot_mapping, query_start_loc, seq_lens, block_table, scale,
+              sliding_window, soft_cap, num_threads};
+          octavo::bind::LayerStep st = octavo::bind::layer_step_args(scratch, in);
+          st.attn.write = &st.write;
+          run_checked("decoder_layer", &run_layer_step, st);
+        },
+        py::kw_only(), py::arg("hidden"), py::arg("residual"), py::arg("hidden_out"), py::arg("residual_out"),
+        py::arg("norm1"), py::arg("norm2"), py::arg("eps1"), py::arg("eps2"), py::arg("qkv_weight"),
+        py::arg("qkv_bias"), py::arg("o_weight"), py::arg("o_bias"), py::arg("gate_up_weight"),
+        py::arg("gate_up_bias"), py::arg("down_weight"), py::arg("down_bias"), py::arg("positions"),
+        py::arg("cos"), py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("kv_cache"),
+        py::arg("slot_mapping"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"),
+        py::arg("scale"), py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f, py::arg("num_threads") = 0,
+        "One Llama-family decoder layer step over GEMV-packed bf16 weights: hidden_out, residual_out = "
+        "the layer of (hidden, residual) (residual None: the first layer), with the K/V of the first "
+        "len(slot_mapping) tokens written; the rms_norm, gemv, rope, paged_attention and "
+        "silu_and_mul calls of the same arguments, in one call.");
 
   m.def("row_argmax",
         [](py::handle x, py::handle out, int num_threads) {

@@ -166,15 +166,13 @@ inline Cache cache_view(const char* fn, py::handle t, int64_t head_size) {
   return c;
 }
 
-inline PagedAttentionArgs paged_attention_args(py::handle query, py::handle out, py::handle kv_cache,
-                                               py::handle query_start_loc, py::handle seq_lens,
-                                               py::handle block_table, float scale, int sliding_window,
-                                               float soft_cap, int num_threads) {
-  const char* fn = "paged_attention";
+// The query and out views given (parsed from tensors, or the buffers of a fused step).
+inline PagedAttentionArgs paged_attention_args_of(const char* fn, const View& q, const View& o, py::handle kv_cache,
+                                                  py::handle query_start_loc, py::handle seq_lens,
+                                                  py::handle block_table, float scale, int sliding_window,
+                                                  float soft_cap, int num_threads) {
   if (sliding_window < 0) fail(fn, "sliding_window must be >= 0 (0: full causal attention)");
   if (!(soft_cap >= 0.f)) fail(fn, "soft_cap must be >= 0 (0: no capping)");
-  const View q = float_view(fn, "query", query, 3);
-  const View o = float_view(fn, "out", out, 3);
   require(heads_packed(q), fn, q, "needs unit stride over head_size and packed heads");
   require(o.size[0] == q.size[0] && o.size[1] == q.size[1] && o.size[2] == q.size[2] && heads_packed(o),
           fn, o, "must be shaped like query " + q.shape() + " with packed heads");
@@ -226,11 +224,19 @@ inline PagedAttentionArgs paged_attention_args(py::handle query, py::handle out,
   return a;
 }
 
-inline WriteKVArgs write_kv_args(py::handle key, py::handle value, py::handle kv_cache,
-                                 py::handle slot_mapping, int num_threads) {
-  const char* fn = "write_kv";
-  const View k = float_view(fn, "key", key, 3);
-  const View v = float_view(fn, "value", value, 3);
+inline PagedAttentionArgs paged_attention_args(py::handle query, py::handle out, py::handle kv_cache,
+                                               py::handle query_start_loc, py::handle seq_lens,
+                                               py::handle block_table, float scale, int sliding_window,
+                                               float soft_cap, int num_threads) {
+  const char* fn = "paged_attention";
+  return paged_attention_args_of(fn, float_view(fn, "query", query, 3), float_view(fn, "out", out, 3), kv_cache,
+                                 query_start_loc, seq_lens, block_table, scale, sliding_window, soft_cap,
+                                 num_threads);
+}
+
+// The key and value views given (parsed from tensors, or the buffers of a fused step).
+inline WriteKVArgs write_kv_args_of(const char* fn, const View& k, const View& v, py::handle kv_cache,
+                                    py::handle slot_mapping, int num_threads) {
   require(k.stride[2] == 1, fn, k, "needs unit stride over head_size");
   require(v.stride[2] == 1 && v.size[0] == k.size[0] && v.size[1] == k.size[1] && v.size[2] == k.size[2],
           fn, v, "must be shaped like key " + k.shape() + " with unit stride over head_size");
@@ -261,6 +267,13 @@ inline WriteKVArgs write_kv_args(py::handle key, py::handle value, py::handle kv
   a.dtype = k.dtype;
   a.num_threads = num_threads;
   return a;
+}
+
+inline WriteKVArgs write_kv_args(py::handle key, py::handle value, py::handle kv_cache,
+                                 py::handle slot_mapping, int num_threads) {
+  const char* fn = "write_kv";
+  return write_kv_args_of(fn, float_view(fn, "key", key, 3), float_view(fn, "value", value, 3), kv_cache,
+                          slot_mapping, num_threads);
 }
 
 inline View rows_view(const char* fn, const char* name, py::handle t) {
