@@ -187,10 +187,12 @@ def select_linear_kernels(model, policy: str) -> None:
 
 def attach_layer_paths(model) -> None:
     """Llama-family decoder layers run their step without the module tree in between
-    (``cpu_decode_layer``: the same kernels in the same order, the same output)."""
-    from octavo.models import cpu_decode_layer
+    (``cpu_decode_layer``: the same kernels in the same order, the same output), and their
+    models the whole layer loop in one call where every layer can (``cpu_decode_stack``)."""
+    from octavo.models import cpu_decode_layer, cpu_decode_stack
 
     cpu_decode_layer.attach(model, sys.modules[__name__])
+    cpu_decode_stack.attach(model)
 
 
 def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:
