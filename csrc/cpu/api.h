@@ -100,6 +100,16 @@ struct SiluMulArgs {
   int num_threads;
 };
 
+struct ArgmaxArgs {
+  // out[r] = the index of the first maximum of row r of x [rows, n] (a NaN counts as the
+  // maximum: the first NaN), as torch.argmax / torch.max(dim=-1).indices on a CPU.
+  const void* x; int64_t x_stride;
+  int64_t* out;  // [rows]
+  int64_t rows, n;
+  int dtype;
+  int num_threads;
+};
+
 struct RopeArgs {
   // Neox-style rotation of q [T, Hq, D] and k [T, Hk, D] (strided views allowed) into
   // contiguous outputs, with cos/sin tables [max_pos, D] in the model dtype.
@@ -126,6 +136,7 @@ struct Kernels {
   void (*silu_and_mul)(const SiluMulArgs&);
   void (*rope)(const RopeArgs&);
   bool (*attention_amx)();  // bf16 paged attention runs on AMX tiles (allow_amx) in this process
+  void (*row_argmax)(const ArgmaxArgs&);
 };
 
 // threading.cpp (compiled once, without ISA flags)

@@ -30,6 +30,7 @@ static const Kernels* kern() {
 
 #include "tensor_args.h"
 #include "gemv_args.h"
+#include "layer_step.h"
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
@@ -55,6 +56,32 @@ static void run_checked(const char* name, const char* (*kernel)(const Args&), co
     throw py::error_already_set();
   }
   throw py::value_error(msg);
+}
+
+// The kernels of one decoder-layer step (layer_step.h) in their order; nullptr or why the
+// attention computed nothing (then nothing after it ran).
+static const char* run_layer_step(const octavo::bind::LayerStep& st) {
+  using octavo::OCTAVO_ISA_NS::gemv_bf16;
+  const Kernels* k = kern();
+  k->rms_norm(st.norm1);
+  gemv_bf16(st.qkv);
+  k->rope(st.rope);
+  if (st.attn_rows > st.written)
+    memset(st.attn_out + st.written * st.attn_row_elems, 0,
+           (size_t)(st.attn_rows - st.written) * st.attn_row_elems * sizeof(uint16_t));
+  if (const char* err = k->paged_attention(st.attn)) return err;
+  gemv_bf16(st.o);
+  k->rms_norm(st.norm2);
+  gemv_bf16(st.gate_up);
+  k->silu_and_mul(st.silu);
+  gemv_bf16(st.down);
+  return nullptr;
+}
+
+static const char* run_layer_steps(const std::vector<octavo::bind::LayerStep>& steps) {
+  for (const octavo::bind::LayerStep& st : steps)
+    if (const char* err = run_layer_step(st)) return err;
+  return nullptr;
 }
 
 template <class Args>
@@ -158,6 +185,95 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         py::kw_only(), py::arg("positions"), py::arg("q"), py::arg("k"), py::arg("cos"),
         py::arg("sin"), py::arg("q_out"), py::arg("k_out"), py::arg("num_threads") = 0,
         "Neox RoPE of q [T, H, D] and k [T, Hk, D] into contiguous q_out, k_out.");
+
+  m.def("decoder_layer",
+        [](py::handle hidden, py::handle residual, py::handle hidden_out, py::handle residual_out,
+           py::handle norm1, py::handle norm2, float eps1, float eps2, py::handle qkv_weight,
+           py::handle qkv_bias, py::handle o_weight, py::handle o_bias, py::handle gate_up_weight,
+           py::handle gate_up_bias, py::handle down_weight, py::handle down_bias, py::handle positions,
+           py::handle cos, py::handle sin, int num_heads, int num_kv_heads, py::handle kv_cache,
+           py::handle slot_mapping, py::handle query_start_loc, py::handle seq_lens, py::handle block_table,
+           float scale, int sliding_window, float soft_cap, int num_threads) {
+          namespace b = octavo::bind;
+          const char* fn = "decoder_layer";
+          const b::View h = b::hidden_view(fn, "hidden", hidden, -1, 0);
+          const b::LayerConsts c{norm1, norm2, eps1, eps2, qkv_weight, qkv_bias, o_weight, o_bias, gate_up_weight,
+                                 gate_up_bias, down_weight, down_bias, cos, sin, kv_cache, scale, sliding_window,
+                                 soft_cap};
+          const b::LayerPlan p = b::layer_plan(fn, c, h.size[1], num_heads, num_kv_heads);
+          const int64_t t = h.size[0];
+          const b::StepIO io = b::step_io(fn, t, positions, slot_mapping, query_start_loc, seq_lens, block_table);
+          b::check_step(fn, io, p);
+          const b::View ho = b::hidden_view(fn, "hidden_out", hidden_out, t, h.size[1]);
+          const b::View ro = b::hidden_view(fn, "residual_out", residual_out, t, h.size[1]);
+          const void* r_in = residual.is_none() ? nullptr : b::hidden_view(fn, "residual", residual, t, h.size[1]).ptr;
+          static thread_local std::vector<char> scratch;
+          const b::ScratchLayout at(p.shape, t);
+          char* base = b::scratch_base(scratch, at.bytes);
+          b::LayerStep st = b::fill_layer(fn, p, at, base, io, h.ptr, r_in, ho.ptr, ro.ptr, num_threads);
+          st.attn.write = &st.write;
+          run_checked("decoder_layer", &run_layer_step, st);
+        },
+        py::kw_only(), py::arg("hidden"), py::arg("residual"), py::arg("hidden_out"), py::arg("residual_out"),
+        py::arg("norm1"), py::arg("norm2"), py::arg("eps1"), py::arg("eps2"), py::arg("qkv_weight"),
+        py::arg("qkv_bias"), py::arg("o_weight"), py::arg("o_bias"), py::arg("gate_up_weight"),
+        py::arg("gate_up_bias"), py::arg("down_weight"), py::arg("down_bias"), py::arg("positions"),
+        py::arg("cos"), py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("kv_cache"),
+        py::arg("slot_mapping"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"),
+        py::arg("scale"), py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f, py::arg("num_threads") = 0,
+        "One Llama-family decoder layer step over GEMV-packed bf16 weights: hidden_out, residual_out = "
+        "the layer of (hidden, residual) (residual None: the first layer), with the K/V of the first "
+        "len(slot_mapping) tokens written; the rms_norm, gemv, rope, paged_attention and "
+        "silu_and_mul calls of the same arguments, in one call.");
+
+  // module_local: every ISA variant is a module of its own, and a process may load several
+  py::class_<octavo::bind::DecoderStack>(m, "DecoderStack", py::module_local(),
+      "Every decoder layer of a model, planned once: a list of dicts with decoder_layer's layer "
+      "arguments (norm1 ... soft_cap); run() is decoder_layer over all of them, layer after layer.")
+      .def(py::init<py::list, int64_t, int, int>(), py::kw_only(), py::arg("layers"), py::arg("hidden_size"),
+           py::arg("num_heads"), py::arg("num_kv_heads"))
+      .def("__len__", [](const octavo::bind::DecoderStack& s) { return s.plans.size(); })
+      .def("run",
+           [](const octavo::bind::DecoderStack& s, py::handle hidden, py::handle hidden_out, py::handle residual_out,
+              py::handle positions, py::handle slot_mapping, py::handle query_start_loc, py::handle seq_lens,
+              py::handle block_table, int num_threads) {
+             namespace b = octavo::bind;
+             const char* fn = "DecoderStack.run";
+             const b::View h = b::hidden_view(fn, "hidden", hidden, -1, 0);
+             b::require(h.size[1] == s.dim, fn, h, "does not have the stack's hidden size");
+             const int64_t t = h.size[0];
+             const b::StepIO io = b::step_io(fn, t, positions, slot_mapping, query_start_loc, seq_lens, block_table);
+             b::check_step(fn, io, s.plans.front());
+             const b::View ho = b::hidden_view(fn, "hidden_out", hidden_out, t, s.dim);
+             const b::View ro = b::hidden_view(fn, "residual_out", residual_out, t, s.dim);
+             static thread_local std::vector<char> scratch;
+             const b::ScratchLayout at(s.plans.front().shape, t);
+             char* base = b::scratch_base(scratch, at.bytes);
+             std::vector<b::LayerStep> steps(s.plans.size());
+             const size_t last = steps.size() - 1;
+             for (size_t i = 0; i < steps.size(); ++i) {  // layer i: pair (i - 1) % 2 -> pair i % 2
+               const void* h_in = i ? base + at.pair_h[(i - 1) % 2] : h.ptr;
+               const void* r_in = i ? base + at.pair_r[(i - 1) % 2] : nullptr;
+               void* h_out = i == last ? ho.ptr : base + at.pair_h[i % 2];
+               void* r_out = i == last ? ro.ptr : base + at.pair_r[i % 2];
+               steps[i] = b::fill_layer(fn, s.plans[i], at, base, io, h_in, r_in, h_out, r_out, num_threads);
+             }
+             for (b::LayerStep& st : steps) st.attn.write = &st.write;
+             run_checked("DecoderStack.run", &run_layer_steps, steps);
+           },
+           py::kw_only(), py::arg("hidden"), py::arg("hidden_out"), py::arg("residual_out"), py::arg("positions"),
+           py::arg("slot_mapping"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"),
+           py::arg("num_threads") = 0,
+           "hidden_out, residual_out = every layer in order over hidden (the first layer's residual is "
+           "hidden), the K/V of the first len(slot_mapping) tokens written into each layer's cache.");
+
+  m.def("row_argmax",
+        [](py::handle x, py::handle out, int num_threads) {
+          run_unchecked(kern()->row_argmax, octavo::bind::row_argmax_args(x, out, num_threads));
+        },
+        py::kw_only(), py::arg("x"), py::arg("out"), py::arg("num_threads") = 0,
+        "out [rows] (int64) = the index of each row's first maximum of x [rows, n] (a NaN "
+        "counts as the maximum), as torch.argmax(x, dim=-1).");
 
   register_quant(m);
 

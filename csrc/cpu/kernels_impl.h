@@ -765,14 +765,21 @@ struct SmallOps {
   using E = Elem<DT>;
   using T = typename E::T;
 
-  static int64_t chunk_rows(int64_t rows, int64_t n) {  // rows per work item (~32K elements)
-    int64_t c = 32768 / (n > 0 ? n : 1);
-    return c < 1 ? 1 : c;
+  // Rows per work item: items of about 32K elements, their count rounded up to a multiple of
+  // the threads once there are 4K elements per thread, so a decode batch splits evenly (48 rows
+  // of 576 were one item on one thread, 48 x 1536 three items on two).
+  static int64_t chunk_rows(int64_t rows, int64_t n, int num_threads) {
+    if (n < 1) n = 1;
+    int64_t items = (rows * n + 32767) / 32768;
+    const int64_t threads = threading::resolve_threads(num_threads);
+    if (threads > 1 && rows * n >= 4096 * threads) items = (items + threads - 1) / threads * threads;
+    if (items > rows) items = rows;
+    return items < 1 ? 1 : (rows + items - 1) / items;
   }
 
   static void rms_item(void* ctx, int64_t item, int) {
     const RMSNormArgs& a = *(const RMSNormArgs*)ctx;
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t r0 = item * per, r1 = r0 + per < a.rows ? r0 + per : a.rows;
     const int n = a.n, nv = n & ~15;
     const T* w = (const T*)a.weight;
@@ -816,7 +823,7 @@ struct SmallOps {
   }
 
   static void rms_norm(const RMSNormArgs& a) {
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t n_items = (a.rows + per - 1) / per;
     threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &rms_item, (void*)&a);
   }
@@ -825,7 +832,7 @@ struct SmallOps {
 
   static void silu_item(void* ctx, int64_t item, int) {
     const SiluMulArgs& a = *(const SiluMulArgs*)ctx;
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t r0 = item * per, r1 = r0 + per < a.rows ? r0 + per : a.rows;
     const int n = a.n, nv = n & ~15;
     const F one = bcast(1.f);
@@ -846,7 +853,7 @@ struct SmallOps {
   }
 
   static void silu_and_mul(const SiluMulArgs& a) {
-    const int64_t per = chunk_rows(a.rows, a.n);
+    const int64_t per = chunk_rows(a.rows, a.n, a.num_threads);
     const int64_t n_items = (a.rows + per - 1) / per;
     threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &silu_item, (void*)&a);
   }
@@ -876,7 +883,7 @@ struct SmallOps {
   static void rope_item(void* ctx, int64_t item, int) {
     const RopeArgs& a = *(const RopeArgs*)ctx;
     const int D = a.head_size;
-    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * D);
+    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * D, a.num_threads);
     const int64_t t0 = item * per, t1 = t0 + per < a.num_tokens ? t0 + per : a.num_tokens;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t pos = a.positions[t];
@@ -892,9 +899,79 @@ struct SmallOps {
   }
 
   static void rope(const RopeArgs& a) {
-    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * a.head_size);
+    const int64_t per = chunk_rows(a.num_tokens, (int64_t)(a.num_q_heads + a.num_k_heads) * a.head_size, a.num_threads);
     const int64_t n_items = (a.num_tokens + per - 1) / per;
     threading::parallel_run(n_items, n_items > 1 ? a.num_threads : 1, &rope_item, (void*)&a);
+  }
+};
+
+// ------------------------------------------------------------------------------------------
+// Row argmax (the sampler's greedy pick): first maximum, a NaN counting as the maximum.
+// One pass per row in chunks: a chunk's maximum by vector max, where a chunk holding no NaN or
+// infinity (flagged by a running sum of x * 0) makes that exact; a flagged chunk is scanned in
+// scalar (returning at a NaN: the row's first). Then the first chunk whose maximum is the row's
+// is rescanned for the first element equal to it. Reads each element once, plus one chunk.
+
+template <int DT>
+struct RowArgmax {
+  using E = Elem<DT>;
+  using T = typename E::T;
+  static constexpr int64_t kChunk = 512;  // elements, a multiple of 16
+
+  // The chunk's maximum, or sets *nan to its first NaN's offset.
+  static float chunk_max(const T* x, int64_t len, int64_t* nan) {
+    const int64_t lv = len & ~(int64_t)15;
+    float m = -INFINITY;
+    if (lv) {
+      F mv = E::load16(x), flag = zero();
+      for (int64_t i = 0; i < lv; i += 16) {
+        const F v = E::load16(x + i);
+        mv = max(mv, v);
+        flag = add(flag, mul(v, zero()));
+      }
+      const float f = hsum(flag);
+      if (f == f) m = hmax(mv);
+      else lv_scalar(x, lv, &m, nan);
+      if (*nan >= 0) return m;
+    }
+    for (int64_t i = lv; i < len; ++i) {
+      const float v = E::to_f(x[i]);
+      if (v != v) { *nan = i; return m; }
+      if (v > m) m = v;
+    }
+    return m;
+  }
+
+  static void lv_scalar(const T* x, int64_t len, float* m, int64_t* nan) {
+    for (int64_t i = 0; i < len; ++i) {
+      const float v = E::to_f(x[i]);
+      if (v != v) { *nan = i; return; }
+      if (v > *m) *m = v;
+    }
+  }
+
+  static int64_t row(const T* x, int64_t n) {
+    float best = -INFINITY;
+    int64_t best_chunk = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+      int64_t nan = -1;
+      const float m = chunk_max(x + c0, n - c0 < kChunk ? n - c0 : kChunk, &nan);
+      if (nan >= 0) return c0 + nan;
+      if (m > best) { best = m; best_chunk = c0; }
+    }
+    const int64_t end = best_chunk + kChunk < n ? best_chunk + kChunk : n;
+    for (int64_t i = best_chunk; i < end; ++i)
+      if (E::to_f(x[i]) == best) return i;
+    return best_chunk;  // every element -inf: the first
+  }
+
+  static void item(void* ctx, int64_t r, int) {
+    const ArgmaxArgs& a = *(const ArgmaxArgs*)ctx;
+    a.out[r] = row((const T*)a.x + r * a.x_stride, a.n);
+  }
+
+  static void run(const ArgmaxArgs& a) {
+    threading::parallel_run(a.rows, a.rows > 1 && a.rows * a.n >= 16384 ? a.num_threads : 1, &item, (void*)&a);
   }
 };
 
@@ -938,11 +1015,13 @@ static void silu_and_mul(const SiluMulArgs& a) {
   OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT>::silu_and_mul(a));
 }
 static void rope(const RopeArgs& a) { OCTAVO_DISPATCH_DTYPE(a.dtype, SmallOps<DT>::rope(a)); }
+static void row_argmax(const ArgmaxArgs& a) { OCTAVO_DISPATCH_DTYPE(a.dtype, RowArgmax<DT>::run(a)); }
 
 // The table this ISA's translation unit exports (kernels.cpp).
 const Kernels* kernels() {
   static const Kernels table = {kIsaName, kHasBf16Dot, &paged_attention, &write_kv,
-                                &rms_norm, &silu_and_mul, &rope, &attention_amx_ready};
+                                &rms_norm, &silu_and_mul, &rope, &attention_amx_ready,
+                                &row_argmax};
   (void)&isa_name;
   return &table;
 }

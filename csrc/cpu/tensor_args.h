@@ -166,54 +166,63 @@ inline Cache cache_view(const char* fn, py::handle t, int64_t head_size) {
   return c;
 }
 
-inline PagedAttentionArgs paged_attention_args(py::handle query, py::handle out, py::handle kv_cache,
-                                               py::handle query_start_loc, py::handle seq_lens,
-                                               py::handle block_table, float scale, int sliding_window,
-                                               float soft_cap, int num_threads) {
-  const char* fn = "paged_attention";
+// The step's query offsets, sequence lengths and block table (int32), parsed once.
+struct AttnIndex {
+  View qsl, sl, bt;
+};
+
+inline AttnIndex attn_index(const char* fn, py::handle query_start_loc, py::handle seq_lens, py::handle block_table) {
+  AttnIndex ix{index_view(fn, "query_start_loc", query_start_loc, 1, kI32),
+               index_view(fn, "seq_lens", seq_lens, 1, kI32), index_view(fn, "block_table", block_table, 2, kI32)};
+  require(ix.qsl.size[0] == ix.sl.size[0] + 1, fn, ix.qsl, "must hold len(seq_lens) + 1 offsets");
+  require(ix.bt.size[0] >= ix.sl.size[0], fn, ix.bt, "has fewer rows than seq_lens");
+  return ix;
+}
+
+// The index's values against T query tokens and a cache of c's blocks.
+inline void check_attn_index(const char* fn, const AttnIndex& ix, int64_t T, const Cache& c) {
+  const int64_t R = ix.sl.size[0];
+  const int32_t* off = ix.qsl.data<int32_t>();
+  const int32_t* lens = ix.sl.data<int32_t>();
+  require(off[0] == 0 && off[R] <= T, fn, ix.qsl, "must start at 0 and end within query's tokens");
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t qlen = off[i + 1] - off[i];
+    require(qlen >= 0 && lens[i] >= qlen, fn, ix.sl, "is shorter than a request's query tokens");
+    const int64_t nblk = (lens[i] + c.block_size - 1) / c.block_size;
+    require(nblk <= ix.bt.size[1], fn, ix.bt, "is narrower than a sequence's blocks");
+    const int32_t* row = ix.bt.data<int32_t>() + i * ix.bt.stride[0];
+    for (int64_t j = 0; j < nblk; ++j)
+      require(row[j] >= 0 && row[j] < c.num_blocks, fn, ix.bt, "names a block outside kv_cache");
+  }
+}
+
+// Attention of query q into o over cache c (q, o checked here; the index by check_attn_index).
+inline PagedAttentionArgs attention_args(const char* fn, const View& q, const View& o, const Cache& c,
+                                         const AttnIndex& ix, float scale, int sliding_window, float soft_cap,
+                                         int num_threads) {
   if (sliding_window < 0) fail(fn, "sliding_window must be >= 0 (0: full causal attention)");
   if (!(soft_cap >= 0.f)) fail(fn, "soft_cap must be >= 0 (0: no capping)");
-  const View q = float_view(fn, "query", query, 3);
-  const View o = float_view(fn, "out", out, 3);
   require(heads_packed(q), fn, q, "needs unit stride over head_size and packed heads");
   require(o.size[0] == q.size[0] && o.size[1] == q.size[1] && o.size[2] == q.size[2] && heads_packed(o),
           fn, o, "must be shaped like query " + q.shape() + " with packed heads");
-  const int64_t T = q.size[0], H = q.size[1], D = q.size[2];
-  const Cache c = cache_view(fn, kv_cache, D);
+  const int64_t H = q.size[1], D = q.size[2];
+  require(c.v.size[3] == c.block_size * D, fn, c.v, "does not hold head size " + std::to_string(D));
   same_dtype(fn, q, o);
   same_dtype(fn, q, c.v);
   if (c.num_kv_heads <= 0 || H % c.num_kv_heads)
     fail(fn, "query's " + std::to_string(H) + " heads are not a multiple of the cache's " +
                  std::to_string(c.num_kv_heads) + " KV heads");
-  const View qsl = index_view(fn, "query_start_loc", query_start_loc, 1, kI32);
-  const View sl = index_view(fn, "seq_lens", seq_lens, 1, kI32);
-  const View bt = index_view(fn, "block_table", block_table, 2, kI32);
-  const int64_t R = sl.size[0];
-  require(qsl.size[0] == R + 1, fn, qsl, "must hold len(seq_lens) + 1 offsets");
-  require(bt.size[0] >= R, fn, bt, "has fewer rows than seq_lens");
-  const int32_t* off = qsl.data<int32_t>();
-  const int32_t* lens = sl.data<int32_t>();
-  require(off[0] == 0 && off[R] <= T, fn, qsl, "must start at 0 and end within query's tokens");
-  for (int64_t i = 0; i < R; ++i) {
-    const int64_t qlen = off[i + 1] - off[i];
-    require(qlen >= 0 && lens[i] >= qlen, fn, sl, "is shorter than a request's query tokens");
-    const int64_t nblk = (lens[i] + c.block_size - 1) / c.block_size;
-    require(nblk <= bt.size[1], fn, bt, "is narrower than a sequence's blocks");
-    const int32_t* row = bt.data<int32_t>() + i * bt.stride[0];
-    for (int64_t j = 0; j < nblk; ++j)
-      require(row[j] >= 0 && row[j] < c.num_blocks, fn, bt, "names a block outside kv_cache");
-  }
   PagedAttentionArgs a{};
   a.query = q.ptr;
   a.q_stride = q.stride[0];
   a.out = o.ptr;
   a.o_stride = o.stride[0];
   a.kv_cache = c.v.ptr;
-  a.query_start_loc = off;
-  a.seq_lens = lens;
-  a.block_table = bt.data<int32_t>();
-  a.bt_stride = bt.stride[0];
-  a.num_reqs = (int)R;
+  a.query_start_loc = ix.qsl.data<int32_t>();
+  a.seq_lens = ix.sl.data<int32_t>();
+  a.block_table = ix.bt.data<int32_t>();
+  a.bt_stride = ix.bt.stride[0];
+  a.num_reqs = (int)ix.sl.size[0];
   a.num_heads = (int)H;
   a.num_kv_heads = (int)c.num_kv_heads;
   a.head_size = (int)D;
@@ -226,19 +235,41 @@ inline PagedAttentionArgs paged_attention_args(py::handle query, py::handle out,
   return a;
 }
 
-inline WriteKVArgs write_kv_args(py::handle key, py::handle value, py::handle kv_cache,
-                                 py::handle slot_mapping, int num_threads) {
-  const char* fn = "write_kv";
-  const View k = float_view(fn, "key", key, 3);
-  const View v = float_view(fn, "value", value, 3);
+// The query and out views given (parsed from tensors, or the buffers of a fused step).
+inline PagedAttentionArgs paged_attention_args_of(const char* fn, const View& q, const View& o, py::handle kv_cache,
+                                                  py::handle query_start_loc, py::handle seq_lens,
+                                                  py::handle block_table, float scale, int sliding_window,
+                                                  float soft_cap, int num_threads) {
+  if (sliding_window < 0) fail(fn, "sliding_window must be >= 0 (0: full causal attention)");
+  if (!(soft_cap >= 0.f)) fail(fn, "soft_cap must be >= 0 (0: no capping)");
+  require(heads_packed(q), fn, q, "needs unit stride over head_size and packed heads");
+  const Cache c = cache_view(fn, kv_cache, q.size[2]);
+  const AttnIndex ix = attn_index(fn, query_start_loc, seq_lens, block_table);
+  PagedAttentionArgs a = attention_args(fn, q, o, c, ix, scale, sliding_window, soft_cap, num_threads);
+  check_attn_index(fn, ix, q.size[0], c);
+  return a;
+}
+
+inline PagedAttentionArgs paged_attention_args(py::handle query, py::handle out, py::handle kv_cache,
+                                               py::handle query_start_loc, py::handle seq_lens,
+                                               py::handle block_table, float scale, int sliding_window,
+                                               float soft_cap, int num_threads) {
+  const char* fn = "paged_attention";
+  return paged_attention_args_of(fn, float_view(fn, "query", query, 3), float_view(fn, "out", out, 3), kv_cache,
+                                 query_start_loc, seq_lens, block_table, scale, sliding_window, soft_cap,
+                                 num_threads);
+}
+
+// Writes of k, v (checked here) at the slots s (int64 [N], checked against c) into cache c.
+inline WriteKVArgs write_args(const char* fn, const View& k, const View& v, const Cache& c, const View& s,
+                              int num_threads) {
   require(k.stride[2] == 1, fn, k, "needs unit stride over head_size");
   require(v.stride[2] == 1 && v.size[0] == k.size[0] && v.size[1] == k.size[1] && v.size[2] == k.size[2],
           fn, v, "must be shaped like key " + k.shape() + " with unit stride over head_size");
-  const Cache c = cache_view(fn, kv_cache, k.size[2]);
+  require(c.v.size[3] == c.block_size * k.size[2], fn, c.v, "does not hold head size " + std::to_string(k.size[2]));
   same_dtype(fn, c.v, k);
   same_dtype(fn, c.v, v);
   require(k.size[1] == c.num_kv_heads, fn, k, "does not have the cache's KV heads");
-  const View s = index_view(fn, "slot_mapping", slot_mapping, 1, kI64);
   const int64_t N = s.size[0];
   require(N <= k.size[0], fn, s, "has more slots than key has tokens");
   const int64_t* slots = s.data<int64_t>();
@@ -261,6 +292,21 @@ inline WriteKVArgs write_kv_args(py::handle key, py::handle value, py::handle kv
   a.dtype = k.dtype;
   a.num_threads = num_threads;
   return a;
+}
+
+// The key and value views given (parsed from tensors, or the buffers of a fused step).
+inline WriteKVArgs write_kv_args_of(const char* fn, const View& k, const View& v, py::handle kv_cache,
+                                    py::handle slot_mapping, int num_threads) {
+  require(k.stride[2] == 1, fn, k, "needs unit stride over head_size");
+  const Cache c = cache_view(fn, kv_cache, k.size[2]);
+  return write_args(fn, k, v, c, index_view(fn, "slot_mapping", slot_mapping, 1, kI64), num_threads);
+}
+
+inline WriteKVArgs write_kv_args(py::handle key, py::handle value, py::handle kv_cache,
+                                 py::handle slot_mapping, int num_threads) {
+  const char* fn = "write_kv";
+  return write_kv_args_of(fn, float_view(fn, "key", key, 3), float_view(fn, "value", value, 3), kv_cache,
+                          slot_mapping, num_threads);
 }
 
 inline View rows_view(const char* fn, const char* name, py::handle t) {
@@ -304,6 +350,23 @@ inline RMSNormArgs rms_norm_args(py::handle x, py::handle weight, py::handle out
   a.rows = xv.size[0];
   a.n = (int)xv.size[1];
   a.eps = eps;
+  a.dtype = xv.dtype;
+  a.num_threads = num_threads;
+  return a;
+}
+
+inline ArgmaxArgs row_argmax_args(py::handle x, py::handle out, int num_threads) {
+  const char* fn = "row_argmax";
+  const View xv = rows_view(fn, "x", x);
+  const View o = index_view(fn, "out", out, 1, kI64);
+  require(xv.size[1] > 0, fn, xv, "must have a non-empty last dimension");
+  require(o.size[0] == xv.size[0], fn, o, "must be [rows] for x " + xv.shape());
+  ArgmaxArgs a{};
+  a.x = xv.ptr;
+  a.x_stride = xv.stride[0];
+  a.out = reinterpret_cast<int64_t*>(o.ptr);
+  a.rows = xv.size[0];
+  a.n = xv.size[1];
   a.dtype = xv.dtype;
   a.num_threads = num_threads;
   return a;

@@ -136,6 +136,7 @@ def apply_token_bitmask_reference(logits: torch.Tensor, rows: list[int], bitmask
 
 
 BitmaskKernel = Callable[[torch.Tensor, list[int], torch.Tensor], None]
+FirstMaxKernel = Callable[[torch.Tensor], torch.Tensor]  # [rows, n] -> int64 [rows], as first_max_index
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
@@ -241,8 +242,11 @@ def first_max_index(x: torch.Tensor) -> torch.Tensor:
     return x.max(dim=-1).indices
 
 
-def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """One draw per row from ``probs`` (rows need not be normalised); consumes ``probs``."""
+def random_sample(
+    probs: torch.Tensor, generators: dict[int, torch.Generator], first_max: FirstMaxKernel | None = None
+) -> torch.Tensor:
+    """One draw per row from ``probs`` (rows need not be normalised); consumes ``probs``.
+    ``first_max``: a kernel equal to ``first_max_index`` (the default)."""
     q = torch.empty_like(probs)
     if len(generators) != probs.shape[0]:
         q.exponential_()
@@ -251,7 +255,7 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     # A noise value of exactly 0 would make p / q inf (or NaN for a masked token, which
     # argmax would pick); some backends can draw it, so keep q strictly positive.
     q.clamp_(min=torch.finfo(q.dtype).tiny)
-    return first_max_index(probs.div_(q))
+    return (first_max or first_max_index)(probs.div_(q))
 
 
 def gather_logprobs(
@@ -283,11 +287,14 @@ class Sampler(nn.Module):
 
     ``apply_bitmask``: how step 2 applies a grammar bitmask (``apply_token_bitmask`` or
     ``apply_token_bitmask_xgrammar``; both equal ``apply_token_bitmask_reference``). The model
-    runner picks the faster one for its device."""
+    runner picks the faster one for its device. ``first_max``: the greedy and sampling argmax,
+    a kernel returning exactly what ``first_max_index`` returns (its default), e.g. the CPU
+    extension's row argmax."""
 
-    def __init__(self, apply_bitmask: BitmaskKernel | None = None) -> None:
+    def __init__(self, apply_bitmask: BitmaskKernel | None = None, first_max: FirstMaxKernel | None = None) -> None:
         super().__init__()
         self.apply_bitmask = apply_bitmask or apply_token_bitmask_xgrammar
+        self.first_max = first_max or first_max_index
 
     def apply_logits_processors(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Steps 2-5: masks, min_tokens, logit bias, penalties (in place where possible)."""
@@ -336,16 +343,16 @@ class Sampler(nn.Module):
         if md.all_greedy and md.max_num_logprobs is None and not _modifies_logits(md):
             # Nothing would read the float32 copy: converting to float32 is exact, so the argmax
             # of the model's logits is the same token (same order, same first maximum).
-            return SamplerOutput(first_max_index(logits), None)
+            return SamplerOutput(self.first_max(logits), None)
         logits = logits.to(torch.float32, copy=True)
         logits = self.apply_logits_processors(logits, md)
-        greedy = first_max_index(logits) if not md.all_random else None
+        greedy = self.first_max(logits) if not md.all_random else None
         if md.all_greedy:
             assert greedy is not None
             processed, sampled = logits, greedy
         else:
             processed = self.process(logits, md)
-            sampled = random_sample(processed.softmax(dim=-1), md.generators)
+            sampled = random_sample(processed.softmax(dim=-1), md.generators, self.first_max)
             if greedy is not None:
                 sampled = torch.where(md.temperature > 0, sampled, greedy)
         lps = None

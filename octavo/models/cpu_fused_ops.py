@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from octavo.core.sampler import first_max_index as _torch_first_max
 from octavo.cpu_isa import load_extension
 
 _ext = load_extension()  # ImportError when the extension is not built: layers.py falls back
@@ -84,6 +85,30 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.T
     k_out = torch.empty((T, k.shape[1], D), dtype=q.dtype)
     _rope(positions=positions, q=q, k=k, cos=cos.contiguous(), sin=sin.contiguous(), q_out=q_out, k_out=k_out)
     return q_out, k_out
+
+
+_row_argmax = getattr(_ext, "row_argmax", None)
+_ARGMAX_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def first_max_index(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` (``octavo.core.sampler.first_max_index``: the first maximum, a NaN
+    counting as the maximum) for 2-D rows with a unit inner stride, in one pass over them on
+    the kernels' threads; torch's ``max(dim=-1)`` ran single-threaded over a [48, 49152]
+    logits tensor at ~1.5 ms. Anything else goes to ``first_max_index``."""
+    if (
+        _row_argmax is None
+        or x.dim() != 2
+        or x.dtype not in _ARGMAX_DTYPES
+        or x.stride(-1) != 1
+        or x.stride(0) < x.shape[1]
+        or x.shape[-1] == 0
+        or torch.compiler.is_compiling()
+    ):
+        return _torch_first_max(x)
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _row_argmax(x=x, out=out)
+    return out
 
 
 # -- linear layers: oneDNN with the weight prepacked once ------------------------------------
@@ -162,10 +187,12 @@ def select_linear_kernels(model, policy: str) -> None:
 
 def attach_layer_paths(model) -> None:
     """Llama-family decoder layers run their step without the module tree in between
-    (``cpu_decode_layer``: the same kernels in the same order, the same output)."""
-    from octavo.models import cpu_decode_layer
+    (``cpu_decode_layer``: the same kernels in the same order, the same output), and their
+    models the whole layer loop in one call where every layer can (``cpu_decode_stack``)."""
+    from octavo.models import cpu_decode_layer, cpu_decode_stack
 
     cpu_decode_layer.attach(model, sys.modules[__name__])
+    cpu_decode_stack.attach(model)
 
 
 def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:

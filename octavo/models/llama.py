@@ -135,6 +135,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    lean_cpu_stack: ClassVar[bool] = True  # models/cpu_decode_stack.py reproduces the layer loop
+
     def __init__(self, cfg, backend, dtype, max_position, make_mlp=None):
         """``make_mlp(cfg, layer_index)`` may supply a layer's MLP (None: the dense one)."""
         super().__init__()
@@ -151,6 +153,10 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, attn_metadata):
         hidden = self.embed_tokens(input_ids)
+        stack = self.__dict__.get("lean_stack")  # the CPU's whole loop in one call, where it applies
+        if stack is not None and not self.aux_layers and (out := stack(positions, hidden, attn_metadata)):
+            hidden, _ = self.norm(*out)
+            return hidden
         residual = None
         for i, layer in enumerate(self.layers):
             if self.aux_layers and i in self.aux_layers:

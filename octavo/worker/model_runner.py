@@ -37,6 +37,7 @@ from octavo.attention.kv_cache_dtype import kv_cache_torch_dtype
 from octavo.config import OctavoConfig
 from octavo.core.sampler import (
     BitmaskKernel,
+    FirstMaxKernel,
     LogprobsTensors,
     Sampler,
     apply_token_bitmask,
@@ -103,7 +104,7 @@ class ModelRunner:
         self.input_batch = InputBatch(
             config.scheduler_config.max_num_seqs, self.max_model_len, self.block_size, self.num_kv_groups
         )
-        self.sampler = Sampler(_bitmask_kernel(platform))
+        self.sampler = Sampler(_bitmask_kernel(platform), _first_max_kernel(platform))
         self.load_seconds = 0.0
         # GPU step: persistent device inputs (None on CPU) and captured decode graphs.
         from octavo.worker.cuda_graph import make_step_buffers
@@ -714,6 +715,14 @@ def _logits_indices(cu: np.ndarray, sample_mask: np.ndarray, num_drafts: np.ndar
         return cu[sample_mask] - 1
     counts, _, seg, offsets, _, _ = layout_structure(num_drafts[sample_mask])
     return (cu[sample_mask] - counts)[seg] + offsets
+
+
+def _first_max_kernel(platform) -> FirstMaxKernel | None:
+    """The sampler's argmax from the platform's fused kernels where they have one (the CPU
+    extension's row argmax), else None: ``torch``'s."""
+    from octavo.models.layers import load_fused_ops
+
+    return getattr(load_fused_ops(platform.fused_op_kernels), "first_max_index", None)
 
 
 def _bitmask_kernel(platform) -> BitmaskKernel:

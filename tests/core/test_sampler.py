@@ -331,3 +331,25 @@ def test_first_max_index_is_argmax_with_ties_nan_and_inf(dtype):
     ninf = torch.full((3, 4099), float("-inf"), dtype=dtype)
     for x in (ties, nan, ninf, ties[:1, :7]):
         assert torch.equal(first_max_index(x), x.argmax(dim=-1))
+
+
+def test_the_sampler_picks_with_its_first_max_kernel():
+    """A ``first_max`` kernel given to the sampler makes every pick: the greedy short cut, the
+    float32 greedy rows and the random draws (which stay seeded: same noise, same argmax)."""
+    calls = []
+
+    def spy(x):
+        calls.append(x.dtype)
+        return first_max_index(x)
+
+    from octavo.core.sampler import first_max_index
+
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(3))
+    greedy = make_md([dict(temperature=0.0)] * 4)
+    assert torch.equal(Sampler(first_max=spy)(logits, greedy).sampled_token_ids, logits.argmax(-1))
+    mixed = [dict(temperature=0.0), dict(temperature=1.0)] * 2
+    gens = {i: torch.Generator().manual_seed(i) for i in range(4)}
+    out = Sampler(first_max=spy)(logits, make_md(mixed, generators=gens))
+    again = Sampler()(logits, make_md(mixed, generators={i: torch.Generator().manual_seed(i) for i in range(4)}))
+    assert torch.equal(out.sampled_token_ids, again.sampled_token_ids)
+    assert calls == [logits.dtype, torch.float32, torch.float32]

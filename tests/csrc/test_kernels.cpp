@@ -369,6 +369,37 @@ static void test_small_ops(const Kernels* k) {
   printf("  rms_norm / silu_and_mul / rope: ok\n");
 }
 
+// Row argmax: the first maximum, a NaN counting as the maximum (torch.argmax), across chunk
+// boundaries, with ties, infinities and a tail shorter than a vector.
+static void test_row_argmax(const Kernels* k) {
+  const int dts[] = {octavo::kFloat32, octavo::kBFloat16, octavo::kFloat16};
+  for (int dt : dts) {
+    const int rows = 9, n = 2063;
+    Buf x(rows * n, dt);
+    for (int64_t i = 0; i < rows * n; ++i) x.set(i, (float)(int)(nrand() * 2));  // many ties
+    x.set(1 * n + 1500, 50.f); x.set(1 * n + 1700, 50.f);        // tie across chunks: 1500
+    x.set(2 * n + 900, NAN); x.set(2 * n + 100, 60.f);            // NaN wins: 900
+    x.set(3 * n + 2062, 70.f);                                    // in the tail: 2062
+    x.set(4 * n + 10, INFINITY); x.set(4 * n + 5, INFINITY);      // +inf tie: 5
+    for (int j = 0; j < n; ++j) x.set(5 * n + j, -INFINITY);      // all -inf: 0
+    x.set(6 * n + 3, NAN); x.set(6 * n + 2000, NAN);              // first NaN: 3
+    std::vector<int64_t> out(rows, -1);
+    octavo::ArgmaxArgs a;
+    a.x = x.p(); a.x_stride = n; a.out = out.data(); a.rows = rows; a.n = n; a.dtype = dt; a.num_threads = 0;
+    k->row_argmax(a);
+    for (int r = 0; r < rows; ++r) {
+      int64_t e = 0;
+      double best = x.at((int64_t)r * n);
+      for (int j = 0; j < n && best == best; ++j) {
+        const double v = x.at((int64_t)r * n + j);
+        if (v > best || v != v) { best = v; e = j; }
+      }
+      CHECK(out[r] == e, "row_argmax %s row %d: %lld, expected %lld", dt_name(dt), r, (long long)out[r], (long long)e);
+    }
+  }
+  printf("  row_argmax: ok\n");
+}
+
 // ---------------------------------------------------------------------------------------
 
 static int bench_seqs = 32, bench_ctx = 1024, bench_dt = octavo::kBFloat16;
@@ -479,6 +510,7 @@ int main(int argc, char** argv) {
     }
     test_attention(k, quick);
     test_small_ops(k);
+    test_row_argmax(k);
     test_gemv(k->isa, v.gemv);
   }
   if (failures) {

@@ -177,3 +177,64 @@ def test_fused_op_bindings_check_their_tensors():
         cfo._rope(**{**ok, "positions": torch.tensor([0, 8])})
     with pytest.raises(ValueError, match="rope: positions .* must be int64"):
         cfo._rope(**{**ok, "positions": torch.tensor([0, 1], dtype=torch.int32)})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_small_ops_split_over_threads_equal_one_thread(dtype):
+    """Decode batches are split into one work item per thread or more (48 rows of 576 were one
+    item); the rows are independent, so the split result is the one-thread result bit for bit."""
+    torch.manual_seed(1)
+    x, r, w = (torch.randn(48, 576).to(dtype) for _ in range(3))
+    w = w[0].contiguous()
+    outs = []
+    for threads in (1, 2, 3):
+        out, ro = torch.empty_like(x), torch.empty_like(x)
+        cfo._rms_norm(x=x, weight=w, out=out, eps=1e-5, residual=r, residual_out=ro, num_threads=threads)
+        gu = torch.randn(48, 2 * 1536, generator=torch.Generator().manual_seed(2)).to(dtype)
+        h = torch.empty(48, 1536, dtype=dtype)
+        cfo._silu_and_mul(x=gu, out=h, num_threads=threads)
+        qkv = torch.randn(48, 12 * 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+        q, k = qkv[:, : 9 * 64].view(48, 9, 64), qkv[:, 9 * 64 :].view(48, 3, 64)
+        table = torch.randn(512, 64, generator=torch.Generator().manual_seed(4)).to(dtype)
+        qo, ko = torch.empty(48, 9, 64, dtype=dtype), torch.empty(48, 3, 64, dtype=dtype)
+        cfo._rope(positions=torch.arange(48) * 7, q=q, k=k, cos=table, sin=table, q_out=qo, k_out=ko,
+                  num_threads=threads)
+        outs.append((out, ro, h, qo, ko))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other, strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_max_index_is_argmax(dtype):
+    """The extension's row argmax returns exactly ``argmax``: the first of tied maxima, the
+    first NaN where a row has one, infinities, signed zeros, an all -inf row's 0, rows shorter
+    than a vector or a chunk, strided rows; other shapes fall back to torch."""
+    g = torch.Generator().manual_seed(0)
+    ties = torch.randint(-3, 4, (33, 4099), generator=g).to(dtype)
+    mixed = torch.randn(6, 4099, generator=g).to(dtype)
+    mixed[0, 100] = mixed[0, 50] = mixed[2, 4098] = float("nan")
+    mixed[1, 3000] = mixed[1, 3001] = float("inf")
+    mixed[3, 7] = float("-inf")
+    mixed[4, 2000] = float("inf")
+    mixed[4, 4000] = float("nan")
+    ninf = torch.full((3, 4099), float("-inf"), dtype=dtype)
+    zeros = torch.zeros(3, 700, dtype=dtype)
+    zeros[0, 5] = zeros[1, :] = -0.0
+    zeros[1, 650] = 0.0
+    logits = torch.randn(48, 49152, generator=g).to(dtype)
+    for x in (ties, mixed, ninf, zeros, logits, ties[:1, :7], logits[:, :17], logits[:5, 3:1000]):
+        assert torch.equal(cfo.first_max_index(x), x.argmax(dim=-1))
+    for x in (logits[0], logits[:4, ::2], logits.view(4, 12, 49152)):  # torch's path
+        assert torch.equal(cfo.first_max_index(x), x.argmax(dim=-1))
+
+
+def test_the_cpu_sampler_takes_the_row_argmax():
+    from octavo.platforms.cpu import CpuPlatform
+    from octavo.worker.model_runner import _first_max_kernel
+
+    assert _first_max_kernel(CpuPlatform) is cfo.first_max_index
+    with pytest.raises(ValueError, match="row_argmax: out .* must be int64"):
+        cfo._row_argmax(x=torch.randn(2, 8), out=torch.empty(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="row_argmax: out .* must be \\[rows\\]"):
+        cfo._row_argmax(x=torch.randn(2, 8), out=torch.empty(3, dtype=torch.int64))
