@@ -84,6 +84,19 @@ def _gemv_plan(cfo: ModuleType, module: nn.Module):
     return None if packed is None else (w, w._version, packed)
 
 
+def step_inputs(attn_metadata, group, positions: torch.Tensor) -> tuple[CpuPagedMetadata, torch.Tensor]:
+    """The CPU kernels' view of a step: the metadata of KV cache group ``group`` as
+    ``CpuPagedMetadata``, positions as contiguous int64."""
+    md = attn_metadata
+    if md.__class__ is KVGroupMetadata:
+        md = md.groups[group]
+    if md.__class__ is not CpuPagedMetadata:
+        md = build_cpu_metadata(md)
+    if positions.dtype is not torch.int64 or not positions.is_contiguous():
+        positions = positions.to(torch.int64).contiguous()
+    return md, positions
+
+
 class LeanLlamaLayer:
     """``LlamaDecoderLayer.forward`` for the CPU (see the module docstring); ``__call__``
     returns None where the module path must run.
@@ -181,14 +194,8 @@ class LeanLlamaLayer:
                 return None
             plans.append(g[2])
             biases.append(bias)
-        md = attn_metadata
         layer = self.attn_layer
-        if md.__class__ is KVGroupMetadata:
-            md = md.groups[layer.kv_group]
-        if md.__class__ is not CpuPagedMetadata:
-            md = build_cpu_metadata(md)
-        if positions.dtype is not torch.int64 or not positions.is_contiguous():
-            positions = positions.to(torch.int64).contiguous()
+        md, positions = step_inputs(attn_metadata, layer.kv_group, positions)
         nh, nkv, _, _ = self.heads
         tables, impl = self.rope._buffers, layer.impl
         out, res = torch.empty_like(hidden), torch.empty_like(hidden)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octavo.attention.backend import KVGroupMetadata
-from octavo.attention.backends.cpu_paged import CpuPagedMetadata, build_cpu_metadata
 from octavo.models import cpu_decode_layer
 from octavo.models.cpu_decode_layer import LeanLlamaLayer
 
@@ -93,13 +91,7 @@ class LeanStack:
             self._build()
         if self.plan is None or not all(cfo.gemv_rows(t, k) for k in self.widths):
             return None
-        md = attn_metadata
-        if md.__class__ is KVGroupMetadata:
-            md = md.groups[self.group]
-        if md.__class__ is not CpuPagedMetadata:
-            md = build_cpu_metadata(md)
-        if positions.dtype is not torch.int64 or not positions.is_contiguous():
-            positions = positions.to(torch.int64).contiguous()
+        md, positions = cpu_decode_layer.step_inputs(attn_metadata, self.group, positions)
         out, res = torch.empty_like(hidden), torch.empty_like(hidden)
         self.plan.run(
             hidden=hidden, hidden_out=out, residual_out=res, positions=positions,
