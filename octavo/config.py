@@ -152,6 +152,11 @@ class SpeculativeConfig:
     model: str | None = None
     draft_model_config: ModelConfig | None = field(default=None, compare=False, repr=False)
 
+    @property
+    def uses_drafter(self) -> bool:
+        """A model drafts on the target's device (draft model, EAGLE heads); n-gram drafts on the host."""
+        return self.method in ("draft_model", "eagle", "eagle3")
+
 
 @dataclass(frozen=True)
 class OctavoConfig:

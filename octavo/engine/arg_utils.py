@@ -191,16 +191,17 @@ class EngineArgs:
         self._validate()
         model_config = self._model_config()
         speculative_config = self._speculative_config(model_config)
-        drafting = speculative_config is not None and speculative_config.method in ("draft_model", "eagle", "eagle3")
+        drafting = speculative_config is not None and speculative_config.uses_drafter
         cache_config = self._cache_config(model_config, drafting)
-        if self.async_scheduling and speculative_config is not None and not drafting:
-            _check(False, "async_scheduling", f"off with {flag('speculative_config')} method "
+        host_drafts = speculative_config is not None and not drafting
+        if host_drafts:
+            _check(not self.async_scheduling, "async_scheduling", f"off with {flag('speculative_config')} method "
                    f"{speculative_config.method!r} (its drafts are read from the previous step's tokens on the "
                    "host; draft_model, eagle and eagle3 run with async scheduling)", self.async_scheduling)
         config = OctavoConfig(
             model_config=model_config,
             cache_config=cache_config,
-            scheduler_config=self._scheduler_config(model_config.max_model_len, speculative_config),
+            scheduler_config=self._scheduler_config(model_config.max_model_len, host_drafts),
             device_config=DeviceConfig(device=current_platform.device_type),
             parallel_config=ParallelConfig(
                 tensor_parallel_size=self.tensor_parallel_size,
@@ -218,7 +219,7 @@ class EngineArgs:
         """``--speculative-config`` parsed; for ``draft_model`` the draft checkpoint resolved,
         checked against the target and given its own ``ModelConfig``."""
         cfg = parse_speculative_config(self.speculative_config)
-        if cfg is None or cfg.method not in ("draft_model", "eagle", "eagle3"):
+        if cfg is None or not cfg.uses_drafter:
             return cfg
         if target.model_impl != "octavo":
             raise ValueError(f"{flag('speculative_config')}: method {cfg.method!r} is not supported with "
@@ -473,7 +474,9 @@ class EngineArgs:
             kv_cache_groups=make_kv_cache_groups(windows),
         )
 
-    def _scheduler_config(self, max_model_len: int, spec: SpeculativeConfig | None = None) -> SchedulerConfig:
+    def _scheduler_config(self, max_model_len: int, host_drafts: bool = False) -> SchedulerConfig:
+        """``host_drafts``: n-gram speculation, whose drafts need each step's tokens on the host
+        (async scheduling stays off by default)."""
         batched = self.max_num_batched_tokens
         if batched is None:
             floor = self.max_num_seqs if self.enable_chunked_prefill else max_model_len
@@ -483,7 +486,7 @@ class EngineArgs:
         async_scheduling = self.async_scheduling
         if async_scheduling is None:
             async_scheduling = (not current_platform.device_is_host() and self.tensor_parallel_size == 1
-                                and (spec is None or spec.method in ("draft_model", "eagle", "eagle3")))
+                                and not host_drafts)
         return SchedulerConfig(
             max_num_batched_tokens=batched,
             max_num_seqs=self.max_num_seqs,

@@ -44,9 +44,10 @@ def accept_kv_scale(model: nn.Module, name: str, tensor: torch.Tensor) -> bool:
     return False
 
 
-def apply_kv_scales(model: nn.Module, kv_cache_dtype: str, required: bool) -> None:
-    """Give the loaded scales to every attention layer's kernel (fp8 caches); ``required``:
-    the checkpoint declares a KV cache scheme, so every layer must have both."""
+def apply_kv_scales(model: nn.Module, kv_cache_dtype: str, quantization_config: dict | None) -> None:
+    """Give the loaded scales to every attention layer's kernel (fp8 caches). A checkpoint
+    whose ``quantization_config`` declares a ``kv_cache_scheme`` must have both for every layer."""
+    required = bool((quantization_config or {}).get("kv_cache_scheme"))
     layers = model.attention_layers()
     scales = [getattr(a, "kv_scales", {}) for a in layers]
     incomplete = [i for i, s in enumerate(scales) if (s or required) and set(s) != {"k_scale", "v_scale"}]

@@ -40,7 +40,7 @@ def make_proposer(config: SpeculativeConfig | None, executor):
     """The proposer of ``config`` (None when speculative decoding is off)."""
     if config is None:
         return None
-    if config.method in ("draft_model", "eagle", "eagle3"):
+    if config.uses_drafter:
         what = "draft model" if config.method == "draft_model" else "EAGLE head"
         logger.info("speculative decoding: %s %s, %d draft tokens", what, config.model,
                     config.num_speculative_tokens)

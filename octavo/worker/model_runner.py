@@ -174,8 +174,8 @@ class ModelRunner:
             load_weights(model, mc.model, mc.load_format)
             from octavo.models.kv_scales import apply_kv_scales
 
-            qcfg = getattr(mc.hf_config, "quantization_config", None) or {}
-            apply_kv_scales(model, self.config.cache_config.kv_cache_dtype, bool(qcfg.get("kv_cache_scheme")))
+            apply_kv_scales(model, self.config.cache_config.kv_cache_dtype,
+                            getattr(mc.hf_config, "quantization_config", None))
         bind_fused_ops(model, self.platform.fused_op_kernels, self.platform.decode_gemv_policy())
         self.model = model.eval()
         self.length_rope = length_rope(mc.hf_config, self.max_model_len)
