@@ -2,8 +2,8 @@
 scales, dynamic per-token activations, the activation quantization included) over every
 ``fp8_candidates`` tiling (CUDA-core FMA, rows, and fp8 x fp8 tensor-core tiles) and
 ``torch._scaled_mm`` (and the table's tiling with its K split summed by a second kernel instead
-of its last program: ``no-counters``), W4A16 (group 128, asymmetric) at the table's tiling, next
-to cuBLAS bf16; every Llama-3.1-8B linear at M = 1, 2, 4, 8, each
+of its last program: ``no-counters``), W4A16 (group 128, asymmetric) over every ``candidates``
+tiling, next to cuBLAS bf16; every Llama-3.1-8B linear at M = 1, 2, 4, 8, each
 timed like ``bench_gemv.py linears`` (one CUDA graph over 32 distinct weights, so the weights
 stream from memory as in decode).
 
@@ -38,7 +38,7 @@ def _time(calls, count: int) -> float:
 
 def sweep_w4(n: int, k: int, count: int, batches, sms: int, gen) -> dict:
     """{M: {"table": (name, s), "best": (name, s), "all": {name: s}}} for W4A16 at [N, K]: the
-    table's tiling (what octavo runs)."""
+    table's tiling (what octavo runs) and every ``candidates`` tiling."""
     import torch
 
     from octavo.quantization.kernels import triton_w4a16 as w4
@@ -53,8 +53,18 @@ def sweep_w4(n: int, k: int, count: int, batches, sms: int, gen) -> dict:
     out = {}
     for m in batches:
         x = torch.randn(m, k, device=DEVICE, generator=gen).bfloat16()
-        name = packs[0].configs[w4._bucket(m)].describe()
-        out[m] = _summary(name, {name: _time([lambda p=p, x=x: w4.w4a16_linear(x, p) for p in packs], count)})
+        table = packs[0].configs[w4._bucket(m)]
+        ref = w4.launch(x, packs[0], table).float()
+        times = {}
+        for cfg in w4.candidates(n, k, m, sms):
+            try:
+                err = float((w4.launch(x, packs[0], cfg).float() - ref).norm() / ref.norm())
+                calls = [lambda p=p, x=x, cfg=cfg: w4.launch(x, p, cfg) for p in packs]
+                times[cfg.describe()] = _time(calls, count) if err < 1e-2 else float("nan")
+            except Exception as e:
+                log(f"w4 [{n},{k}] M={m} {cfg.describe()}: {e!r}"[:300])
+                times[cfg.describe()] = float("nan")
+        out[m] = _summary(table.describe(), times)
     return out
 
 
@@ -121,7 +131,7 @@ def per_token(res: dict, bw: float, batches) -> dict:
             total = 0.0
             for name, (_, _, c) in LINEARS.items():
                 r = res.get(name)
-                if r is None:
+                if r is None or (key != "cublas" and key.split("_")[0] not in r):
                     total = float("nan")
                     break
                 kind, pick = key.split("_") if "_" in key else (key, None)
@@ -135,6 +145,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="", help="comma-separated linears (default all)")
     ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--formats", default="w4,fp8", help="comma-separated: w4, fp8 (cuBLAS bf16 always runs)")
     ap.add_argument("--json-out", default=None)
     args = ap.parse_args()
     import torch
@@ -153,13 +164,16 @@ def main() -> int:
             continue
         r = report["linears"][name] = {"N": n, "K": k, "cublas": cublas(n, k, count, batches, gen)}
         torch.cuda.empty_cache()
-        r["w4"] = sweep_w4(n, k, count, batches, sms, gen)
-        torch.cuda.empty_cache()
-        r["fp8"] = sweep_fp8(n, k, count, batches, sms, gen)
-        torch.cuda.empty_cache()
+        for fmt, sweep in (("w4", sweep_w4), ("fp8", sweep_fp8)):
+            if fmt in args.formats.split(","):
+                r[fmt] = sweep(n, k, count, batches, sms, gen)
+                torch.cuda.empty_cache()
         for m in batches:
-            log(f"{name} M={m}: cublas {r['cublas'][m] * 1e6:.1f}us | w4 table {_us(r['w4'][m]['table'])} "
-                f"best {_us(r['w4'][m]['best'])} | fp8 table {_us(r['fp8'][m]['table'])} best {_us(r['fp8'][m]['best'])}")
+            line = f"{name} M={m}: cublas {r['cublas'][m] * 1e6:.1f}us"
+            for fmt in ("w4", "fp8"):
+                if fmt in r:
+                    line += f" | {fmt} table {_us(r[fmt][m]['table'])} best {_us(r[fmt][m]['best'])}"
+            log(line)
         if args.json_out:  # after every linear: a timeout still leaves the finished ones
             Path(args.json_out).write_text(json.dumps(report, indent=1))
     report["per_token"] = per_token(report["linears"], bw, batches)

@@ -245,42 +245,37 @@ def check_sm90_variants() -> None:
     128-bit (``ld.global.v4``) or asynchronous 16-byte copies into shared memory (the dot)."""
     import triton.language as tl
 
-    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*bf16", "ws_ptr": "*fp32", "wz_ptr": "*fp32",
+    sig = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*bf16", "ws_ptr": "*fp32",
            "bias_ptr": "*bf16", "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32"}
-    sig.update(dict.fromkeys(["M", "N", "K", "k_per_split", "p_per_split", "stride_xm", "stride_wn",
+    sig.update(dict.fromkeys(["M", "N", "K", "k_per_split", "stride_xm", "stride_wn",
                               "stride_sn", "stride_om"], "i32"))
-    cases = [  # (x, w, WFMT, SCALE_MODE, GROUP, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)
-        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, False, 1, 8, 512, 1),
-        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, False, 1, 8, 512, 4),  # split summed in-kernel
-        ("bf16", "bf16", g.WFMT_PLAIN, g.SCALE_NONE, 128, True, 16, 16, 256, 1),
-        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, False, 1, 8, 1024, 1),
-        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_CHANNEL, 128, True, 16, 32, 256, 4),  # fp8 x fp8 tensor cores
-        ("fp8e4nv", "fp8e4nv", g.WFMT_FP8, g.SCALE_BLOCK, 128, True, 16, 32, 128, 1),
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 16, 1024, 1),
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, False, 1, 32, 128, 1),  # one group per tile
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 32, True, 16, 128, 32, 1),
-        ("bf16", "i32", g.WFMT_INT4, g.SCALE_GROUP, 128, True, 16, 32, 128, 2),
+    cases = [  # (x, w, SCALE_MODE, USE_DOT, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT)
+        ("bf16", "bf16", g.SCALE_NONE, False, 1, 8, 512, 1),
+        ("bf16", "bf16", g.SCALE_NONE, False, 1, 8, 512, 4),  # split summed in-kernel
+        ("bf16", "bf16", g.SCALE_NONE, True, 16, 16, 256, 1),
+        ("fp8e4nv", "fp8e4nv", g.SCALE_CHANNEL, False, 1, 8, 1024, 1),
+        ("fp8e4nv", "fp8e4nv", g.SCALE_CHANNEL, True, 16, 32, 256, 4),  # fp8 x fp8 tensor cores
+        ("fp8e4nv", "fp8e4nv", g.SCALE_BLOCK, True, 16, 32, 128, 1),
     ]
     rows_cases = [  # the rows FMA path: (x, w, SCALE_MODE, BLOCK_M, BLOCK_N, BLOCK_K, VEC)
         ("bf16", "bf16", g.SCALE_NONE, 8, 4, 256, 8),
         ("fp8e4nv", "fp8e4nv", g.SCALE_CHANNEL, 8, 4, 512, 16),
         ("fp8e4nv", "fp8e4nv", g.SCALE_BLOCK, 4, 16, 128, 16),
     ]
-    rsig = {k: v for k, v in sig.items() if k not in ("wz_ptr", "p_per_split")}
     for xt, wt, mode, bm, bn, bk, vec in rows_cases:
-        ptx = _compile_sm90(g._gemv_rows_kernel, {**rsig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
+        ptx = _compile_sm90(g._gemv_rows_kernel, {**sig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
             SCALE_MODE=mode, X_SCALED=wt == "fp8e4nv", HAS_BIAS=True, SPLIT=1, FUSED_REDUCE=False,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, VEC=vec, EVEN_K=True,
         ))
         assert "ld.global.v4.b32" in ptx, (wt, mode)
-    for xt, wt, wfmt, mode, group, dot, bm, bn, bk, split in cases:
+    for xt, wt, mode, dot, bm, bn, bk, split in cases:
         fp8_dot = dot and wt == "fp8e4nv"
         ptx = _compile_sm90(g._gemv_kernel, {**sig, "x_ptr": f"*{xt}", "w_ptr": f"*{wt}"}, dict(
-            WFMT=wfmt, SCALE_MODE=mode, GROUP=group, X_SCALED=wfmt == g.WFMT_FP8, HAS_BIAS=True, SPLIT=split,
+            SCALE_MODE=mode, X_SCALED=wt == "fp8e4nv", HAS_BIAS=True, SPLIT=split,
             FUSED_REDUCE=split > 1, USE_DOT=dot, DOT_DTYPE=tl.float8e4nv if fp8_dot else tl.bfloat16,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True,
         ))
-        case = (wfmt, mode, dot, split)
+        case = (wt, mode, dot, split)
         assert ("cp.async.cg.shared.global" in ptx) if dot else ("ld.global.v4.b32" in ptx), case
         if fp8_dot:  # fp8 codes into a 16-row MMA with fp32 accumulation (as e4m3, or exact fp16 copies)
             assert re.search(r"mma\.sync\.aligned\.\w+\.row\.col\.f32\.(f16\.f16|e4m3\.e4m3)\.f32", ptx), case

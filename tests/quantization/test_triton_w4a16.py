@@ -16,7 +16,6 @@ if not HAS_GPU:
 
 pytest.importorskip("triton")
 
-from octavo.quantization.kernels import triton_gemv as g  # noqa: E402
 from octavo.quantization.kernels import triton_w4a16 as w4  # noqa: E402
 
 DEVICE = "cuda" if HAS_GPU else "cpu"
@@ -51,23 +50,29 @@ def check(n, k, group, m, dtype, symmetric=False, bias=True, seed=0):
     assert err < (1e-5 if dtype == torch.float32 else 8e-3), (group, m, dtype, err)
 
 
-def test_pack_int4_layout():
-    q = torch.arange(16, dtype=torch.uint8).repeat(3, 2)  # [3, 32]
-    words = w4.pack_int4(q)
-    assert words.dtype == torch.int32 and words.shape == (3, 4)
-    unpacked = (words[:, :, None] >> torch.arange(0, 32, 4)) & 0xF
-    assert torch.equal(unpacked.reshape(3, 32).to(torch.uint8), q)
+def test_pack_planes_layout():
+    """Bits 4i..4i+3 of word j of block b hold code 128 b + 16 i + j; K pads to 128 with 0s."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (3, 200), generator=gen, dtype=torch.uint8)
+    words = w4.pack_planes(q)
+    assert words.dtype == torch.int32 and words.shape == (3, 256 // 8)
+    nib = (words.reshape(3, 2, 1, 16) >> (torch.arange(8) * 4).reshape(1, 1, 8, 1)) & 0xF  # [n, b, i, j]
+    codes = nib.reshape(3, 256).to(torch.uint8)
+    assert torch.equal(codes[:, :200], q) and not codes[:, 200:].any()
 
 
 def test_prepack_refuses_bad_layouts():
     q, s, z = (t.cpu() for t in make(8, 64, 32))
-    with pytest.raises(ValueError, match="divisible by 8"):
-        w4.prepack_w4a16(q[:, :60], s, z, 30)
+    with pytest.raises(ValueError, match="must divide K"):
+        w4.prepack_w4a16(q[:, :60], s, z, 32)
     with pytest.raises(ValueError, match="must both be"):
         w4.prepack_w4a16(q, s[:, :1], z, 32)
     with pytest.raises(ValueError, match="uint8"):
         w4.prepack_w4a16(q.to(torch.int32), s, z, 32)
-    assert w4.tile_k(32, 4096, 1024) == 32 and w4.tile_k(4096, 4096, 1024) == 1024
+    q48, s48, z48 = (t.cpu() for t in make(8, 96, 48))
+    with pytest.raises(ValueError, match="group size 48"):
+        w4.prepack_w4a16(q48, s48, z48, 48)
+    assert w4.group_supported(8, 64) and not w4.group_supported(64, 64) and not w4.group_supported(256, 1024)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
@@ -98,18 +103,88 @@ def test_w4a16_gpu(group, shape):
     check(n, k, grp, 3, torch.float32)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("group,k", [(128, 4096), (256, 4096), (1032, 1032)], ids=str)
+def test_w4a16_asm_unpacking_gpu(group, k):
+    """The inline-assembly unpacking (``asm`` tilings), bf16 and fp16, against fp32 torch."""
+    n = 1000
+    for seed, (m, dtype, cfg) in enumerate([
+        (1, torch.bfloat16, w4.W4Config(128, 4, True, 4, asm=True)),
+        (3, torch.float16, w4.W4Config(256, 1, True, 8, asm=True)),
+        (8, torch.bfloat16, w4.W4Config(128, 2, True, 4, asm=True)),
+        (1, torch.float16, w4.W4Config(64, 8, True, 4, asm=True)),
+    ]):
+        q, s, z = make(n, k, group, symmetric=seed == 2, seed=seed)
+        packed = w4.prepack_w4a16(q, s, z, group)
+        assert w4.asm_applies(dtype, packed.group)
+        x = torch.randn(m, k, generator=torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE).to(dtype)
+        b = torch.randn(n, device=DEVICE).to(dtype)
+        y = w4.launch(x, packed, cfg, b)
+        ref = x.double() @ dequant(q, s, z, group).T + b.double()
+        assert float((y.double() - ref).norm() / ref.norm()) < 8e-3, (m, dtype, cfg)
+
+
 @pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
-@pytest.mark.parametrize("group,cfg", [
-    (128, g.GemvConfig(32, 128, 1)), (128, g.GemvConfig(16, 64, 2)), (32, g.GemvConfig(8, 32, 3)),
-    (256, g.GemvConfig(16, 256, 1)),
+@pytest.mark.parametrize("group,k,m,cfg", [
+    (128, 512, 1, w4.W4Config(32, 1)), (128, 512, 2, w4.W4Config(16, 2)), (32, 512, 1, w4.W4Config(8, 3)),
+    (256, 512, 3, w4.W4Config(16, 1)), (200, 200, 1, w4.W4Config(32, 2)), (64, 384, 5, w4.W4Config(32, 3, True)),
+    (32, 256, 20, w4.W4Config(16, 2, True)), (136, 136, 4, w4.W4Config(16, 1, True)),
 ], ids=str)
-def test_w4a16_fma_tiles_inside_one_group_interpreted(group, cfg):
-    """FMA tiles that sit inside one scale group (one scale and zero per row and tile)."""
-    n, k = 72, 512
+def test_w4a16_tilings_interpreted(group, k, m, cfg):
+    """Every tiling the kernel can run: the FMA path (one program per row) and the dot, K splits
+    summed by a second kernel (no counters here) over runs of whole blocks, K not a multiple of
+    128 (padded) with one group per row."""
+    n = 72
     q, s, z = make(n, k, group, seed=group)
     packed = w4.prepack_w4a16(q, s, z, group)
-    x = torch.randn(1, k, generator=torch.Generator(device=DEVICE).manual_seed(3), device=DEVICE).bfloat16()
-    y = g.launch(x, packed.packed, n, k, cfg, out_dtype=x.dtype, wfmt=g.WFMT_INT4, scale_mode=g.SCALE_GROUP,
-                 w_scale=packed.scales, w_zs=packed.zeros, group=group)
+    packed.counters = None
+    x = torch.randn(m, k, generator=torch.Generator(device=DEVICE).manual_seed(3), device=DEVICE).bfloat16()
+    y = w4.launch(x, packed, cfg)
     ref = x.double() @ dequant(q, s, z, group).T
     assert float((y.double() - ref).norm() / ref.norm()) < 8e-3
+
+
+def check_sm90_w4() -> None:
+    """Both paths compile for sm_90: the FMA path reads words with 128-bit loads and turns codes
+    into floats without a conversion instruction (the and-or of the exponent bits); the dot
+    path copies its words into shared memory asynchronously and multiplies on the tensor cores."""
+    import re
+
+    import triton.language as tl
+
+    from tests.quantization.test_triton_gemv import _compile_sm90
+
+    sig = {"x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32", "bias_ptr": "*bf16",
+           "out_ptr": "*bf16", "part_ptr": "*fp32", "cnt_ptr": "*i32"}
+    sig.update(dict.fromkeys(["M", "N", "K", "blocks_per_split", "stride_xm", "stride_wn", "stride_sn",
+                              "stride_om", "magic"], "i32"))
+    for dot, bm, bn, group, split, asm in ((False, 1, 256, 128, 4, False), (False, 1, 128, 32, 1, False),
+                                           (True, 16, 64, 128, 2, False), (True, 16, 64, 64, 1, False),
+                                           (True, 16, 128, 128, 4, True), (True, 16, 256, 256, 1, True)):
+        ptx = _compile_sm90(w4._w4_kernel, {**sig, "w_ptr": "*u8" if asm else "*i32"}, dict(
+            GROUP=group, HAS_BIAS=True, SPLIT=split, FUSED_REDUCE=split > 1, USE_DOT=dot, DOT_DTYPE=tl.bfloat16,
+            BLOCK_M=bm, BLOCK_N=bn, EVEN_K=True, ASM=asm,
+        ))
+        case = (dot, group, split, asm)
+        if asm:  # ptxas accepted the unpacking; the bytes are copied into shared memory asynchronously
+            assert "prmt.b32" in ptx and "sub.rn.bf16x2" in ptx and "cp.async.cg.shared.global" in ptx, case
+        elif dot:
+            assert "cp.async.cg.shared.global" in ptx and re.search(r"mma\.sync\.aligned.*bf16", ptx), case
+        else:
+            assert "ld.global.v4.b32" in ptx and "cvt.rn.f32.s32" not in ptx, case
+
+
+def test_w4a16_compiles_for_sm90():
+    """``check_sm90_w4`` in a fresh process with the interpreter off."""
+    import subprocess
+    import sys
+
+    try:
+        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+    except Exception as e:  # a Triton build without the NVIDIA backend
+        pytest.skip(f"no NVIDIA backend in this Triton: {e}")
+    code = "from tests.quantization.test_triton_w4a16 import check_sm90_w4 as c; c()"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]

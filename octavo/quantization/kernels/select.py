@@ -110,6 +110,8 @@ def _triton_w4a16(w: CanonicalWeight) -> QuantKernel:
     if not isinstance(w, IntWeight) or w.bits != 4:
         raise LookupError(f"runs 4-bit weight-only layers, not {w.describe()}")
     mod = importlib.import_module("octavo.quantization.kernels.triton_w4a16")
+    if why := mod.group_supported(w.group, w.q.shape[1]):
+        raise LookupError(why)
     return QuantKernel(
         "triton_w4a16",
         lambda w: mod.prepack_w4a16(w.q, w.scales, w.zeros, w.group),

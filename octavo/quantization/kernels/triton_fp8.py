@@ -136,7 +136,7 @@ def _gemv(xq, xs, packed: Fp8Packed, bias, out_dtype, cfg: g.GemvConfig) -> torc
     bits)."""
     n, k = packed.shape
     return g.launch(
-        xq, packed.weight, n, k, cfg, out_dtype=out_dtype, wfmt=g.WFMT_FP8,
+        xq, packed.weight, n, k, cfg, out_dtype=out_dtype,
         scale_mode=packed.scale_mode, w_scale=packed.scale, x_scale=xs, bias=bias,
         dot_dtype=torch.float8_e4m3fn if cfg.block_m(xq.shape[0]) <= 16 else torch.bfloat16,
         counters=packed.counters,
@@ -154,7 +154,7 @@ def _gemm(xq, xs, packed: Fp8Packed, bias, out_dtype) -> torch.Tensor:
         )
         return y if bias is None else y + bias
     cfg = g.GemvConfig(64, 128 if packed.scale_mode == g.SCALE_BLOCK else 64, 1, True, 4)
-    return g.launch(xq, packed.weight, n, k, cfg, out_dtype=out_dtype, wfmt=g.WFMT_FP8,
+    return g.launch(xq, packed.weight, n, k, cfg, out_dtype=out_dtype,
                     scale_mode=packed.scale_mode, w_scale=packed.scale, x_scale=xs, bias=bias)
 
 

@@ -1,13 +1,11 @@
 """Split-K Triton GEMV / skinny GEMM for decode batches: ``y = x @ dequant(W).T (+ bias)``.
 
-One kernel serves three weight formats, chosen by ``constexpr`` so each compiles to its own
-specialised code:
+One kernel serves two weight formats, each compiled to its own code by the weight's dtype
+(4-bit weights have their own kernel, ``triton_w4a16``):
 
-- ``WFMT_PLAIN``: bf16/fp16 weights [N, K] (the unquantized decode linears);
-- ``WFMT_FP8``: float8_e4m3fn weights [N, K] with per-tensor, per-channel or 128x128-block
-  scales; activations arrive already quantized (fp8 rows with one fp32 scale each);
-- ``WFMT_INT4``: 4-bit codes packed eight to an int32 along K ([N, K // 8]), with per-group
-  scales and ``zero * scale`` terms (fp32 [N, K // group]).
+- bf16/fp16 weights [N, K] (the unquantized decode linears);
+- float8_e4m3fn weights [N, K] with per-tensor, per-channel or 128x128-block
+  scales; activations arrive already quantized (fp8 rows with one fp32 scale each).
 
 Work split: the grid is (N blocks, K splits, M blocks). Each program streams a
 [BLOCK_N, k_per_split] slab of W once (contiguous along K, so the loads vectorise to 128 bits),
@@ -19,17 +17,15 @@ on preallocated-by-the-caching-allocator tensors, so the pair is CUDA-graph capt
 Two inner products: ``USE_DOT`` pads the rows to a tensor-core tile (BLOCK_M >= 16) and is the
 choice for M >= 2; without it, BLOCK_M == 1 and each program keeps a [BLOCK_N, BLOCK_K] fp32
 accumulator of elementwise products that it reduces once at the end (the classic GEMV: no
-shuffles inside the loop). Quantized weights enter the dot as exact small values (fp8 codes,
-``q - zero`` integers) and their scales multiply the fp32 partial sums, so the only rounding is
-the fp32 accumulation; the fp32 reference dequantizes first and agrees to accumulation order.
+shuffles inside the loop). FP8 weights enter the dot as exact values (their codes) and their
+scales multiply the fp32 partial sums, so the only rounding is the fp32 accumulation; the fp32
+reference dequantizes first and agrees to accumulation order.
 A third path (``GemvConfig.rows``, plain and fp8 weights) serves 2-8 rows without tensor
 cores: each W tile is loaded once (128-bit per thread) and multiplies every row held in
 registers, so a small batch costs one pass over the weight bytes, as M = 1 does.
 
 Invariants the launchers keep: ``k_per_split`` is a multiple of ``BLOCK_K``, so every K tile
-starts at a multiple of ``BLOCK_K``; for FP8 block scales ``BLOCK_K`` divides 128, for INT4 it
-divides the group size on the dot path (a dot tile never straddles two scale groups; the FMA
-path reads one scale per 8-code word instead) and is a multiple of 8, and ``K % 8 == 0``.
+starts at a multiple of ``BLOCK_K``; for FP8 block scales ``BLOCK_K`` divides 128.
 """
 
 from __future__ import annotations
@@ -46,12 +42,10 @@ from octavo.utils.gc import no_garbage_collection
 
 logger = logging.getLogger(__name__)
 
-WFMT_PLAIN, WFMT_FP8, WFMT_INT4 = 0, 1, 2
-# How weight scales apply: none, per-tensor [], per-channel [N], per-iteration [N, K // GROUP]
-# (fp8 128x128 blocks: GROUP = 128 and rows grouped by 128; int4 groups: one row each).
-SCALE_NONE, SCALE_TENSOR, SCALE_CHANNEL, SCALE_BLOCK, SCALE_GROUP = 0, 1, 2, 3, 4
+# How weight scales apply: none, per-tensor [], per-channel [N], per-iteration [ceil(N / 128),
+# ceil(K / 128)] (fp8 128x128 blocks).
+SCALE_NONE, SCALE_TENSOR, SCALE_CHANNEL, SCALE_BLOCK = 0, 1, 2, 3
 # The same values as the kernels see them (a jitted function reads only constexpr globals).
-_INT4 = tl.constexpr(WFMT_INT4)
 _S_TENSOR, _S_CHANNEL, _S_BLOCK = tl.constexpr(SCALE_TENSOR), tl.constexpr(SCALE_CHANNEL), tl.constexpr(SCALE_BLOCK)
 
 
@@ -79,46 +73,19 @@ class GemvConfig:
 
 @triton.jit
 def _load_w_tile(
-    w_ptr, ws_ptr, wz_ptr, offs_n, k0, p0, k_end, n_ok, stride_wn, stride_sn,
-    WFMT: tl.constexpr, SCALE_MODE: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, EVEN_K: tl.constexpr, FLAT: tl.constexpr,
+    w_ptr, ws_ptr, offs_n, k0, k_end, n_ok, stride_wn, stride_sn,
+    SCALE_MODE: tl.constexpr, BLOCK_K: tl.constexpr, OUT_DTYPE: tl.constexpr, EVEN_K: tl.constexpr,
 ):
     """W[offs_n, offs_k] as OUT_DTYPE (exact values) and its per-iteration scale vector [BLOCK_N]
-    (ones when the scale applies after the loop). INT4 without ``FLAT``: [BLOCK_N, BLOCK_K // 8,
-    8], each word's eight codes in one thread (reshaping them would cost the 128-bit loads)."""
+    (ones when the scale applies after the loop)."""
     rows = offs_n.to(tl.int64)[:, None] * stride_wn
     offs_k = k0 + tl.arange(0, BLOCK_K)
     k_ok = (offs_k < k_end) | EVEN_K  # EVEN_K: every tile is whole
-    if WFMT == _INT4:
-        offs_p = p0 + tl.arange(0, BLOCK_K // 8)  # p0 == k0 // 8, kept a product (aligned loads)
-        if EVEN_K:  # every tile is whole: the mask is per row only (keeps the loads 128-bit)
-            p_ok = n_ok[:, None] & (offs_p >= 0)[None, :]
-        else:
-            p_ok = n_ok[:, None] & (offs_p * 8 < k_end)[None, :]
-        packed = tl.load(w_ptr + rows + offs_p[None, :], mask=p_ok, other=0)
-        shifts = (tl.arange(0, 8) * 4)[None, None, :]
-        q = ((packed[:, :, None] >> shifts) & 0xF).to(tl.float32)
-        srow = offs_n.to(tl.int64) * stride_sn
-        if FLAT:  # the dot path: one group per tile, its scale multiplies the partial sums
-            s = tl.load(ws_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
-            z = tl.load(wz_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
-            w = tl.reshape(q - z[:, None, None], (offs_n.shape[0], BLOCK_K))
-        elif GROUP % BLOCK_K == 0:  # FMA tile inside one group: one scale and zero per row
-            s = tl.load(ws_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)[:, None]
-            z = tl.load(wz_ptr + srow + k0 // GROUP, mask=n_ok, other=0.0)
-            w = q - z[:, None, None]
-        else:  # a tile may span groups: one scale and zero per word (GROUP % 8 == 0)
-            gidx = (offs_p * 8) // GROUP
-            g_ok = p_ok  # words past the end of K have no group: never read past the scales
-            s = tl.load(ws_ptr + srow[:, None] + gidx[None, :], mask=g_ok, other=0.0)
-            z = tl.load(wz_ptr + srow[:, None] + gidx[None, :], mask=g_ok, other=0.0)
-            w = q - z[:, :, None]  # q - zero: integers in [-15, 15], exact in bf16/fp16
+    w = tl.load(w_ptr + rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    if SCALE_MODE == _S_BLOCK:
+        s = tl.load(ws_ptr + (offs_n // 128).to(tl.int64) * stride_sn + k0 // 128, mask=n_ok, other=0.0)
     else:
-        w = tl.load(w_ptr + rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        if SCALE_MODE == _S_BLOCK:
-            s = tl.load(ws_ptr + (offs_n // 128).to(tl.int64) * stride_sn + k0 // 128, mask=n_ok, other=0.0)
-        else:
-            s = tl.full(offs_n.shape, 1.0, tl.float32)
+        s = tl.full(offs_n.shape, 1.0, tl.float32)
     return w.to(OUT_DTYPE), s
 
 
@@ -137,9 +104,9 @@ def _program_tile(M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, xs_ptr, w_ptr, ws_ptr, wz_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
-    M, N, K, k_per_split, p_per_split, stride_xm, stride_wn, stride_sn, stride_om,
-    WFMT: tl.constexpr, SCALE_MODE: tl.constexpr, GROUP: tl.constexpr, X_SCALED: tl.constexpr,
+    x_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, part_ptr, cnt_ptr,
+    M, N, K, k_per_split, stride_xm, stride_wn, stride_sn, stride_om,
+    SCALE_MODE: tl.constexpr, X_SCALED: tl.constexpr,
     HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, FUSED_REDUCE: tl.constexpr,
     USE_DOT: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
@@ -148,29 +115,22 @@ def _gemv_kernel(
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    elif WFMT == _INT4:
-        acc2 = tl.zeros((BLOCK_N, BLOCK_K // 8), tl.float32)
     else:
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for it in range(0, tl.cdiv(k_end - k_start, BLOCK_K)):
         k0 = k_start + it * BLOCK_K
-        p0 = pid_k * p_per_split + it * (BLOCK_K // 8)
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = (offs_k < k_end) | EVEN_K
         x = tl.load(x_rows + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         w, s = _load_w_tile(
-            w_ptr, ws_ptr, wz_ptr, offs_n, k0, p0, k_end, n_ok, stride_wn, stride_sn,
-            WFMT, SCALE_MODE, GROUP, BLOCK_K, DOT_DTYPE if USE_DOT else tl.float32, EVEN_K,
-            USE_DOT or WFMT != _INT4,
+            w_ptr, ws_ptr, offs_n, k0, k_end, n_ok, stride_wn, stride_sn,
+            SCALE_MODE, BLOCK_K, DOT_DTYPE if USE_DOT else tl.float32, EVEN_K,
         )
         if USE_DOT:
             part = tl.dot(x.to(DOT_DTYPE), tl.trans(w))
             if SCALE_MODE >= _S_BLOCK:
                 part = part * s[None, :]
             acc += part
-        elif WFMT == _INT4:  # [BLOCK_N, BLOCK_K // 8, 8] * [1, BLOCK_K // 8, 8], summed in-thread
-            x3 = tl.reshape(x.to(tl.float32), (1, BLOCK_K // 8, 8))
-            acc2 += tl.sum(w * x3, axis=2) * s
         else:
             prod = w * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
             if SCALE_MODE >= _S_BLOCK:
@@ -289,8 +249,8 @@ def split_extent(k: int, cfg: GemvConfig) -> int:
 
 def launch(
     x: torch.Tensor, w: torch.Tensor, n: int, k: int, cfg: GemvConfig, *,
-    out_dtype: torch.dtype, wfmt: int = WFMT_PLAIN, scale_mode: int = SCALE_NONE,
-    w_scale: torch.Tensor | None = None, w_zs: torch.Tensor | None = None, group: int = 128,
+    out_dtype: torch.dtype, scale_mode: int = SCALE_NONE,
+    w_scale: torch.Tensor | None = None,
     x_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
     dot_dtype: torch.dtype = torch.bfloat16, out: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
@@ -315,11 +275,9 @@ def launch(
     common = dict(out=out, part=part, cnt=counters if fused else out, split=split, fused=fused, bm=bm,
                   grid=grid, per=per, bias=bias, x_scale=x_scale, w_scale=w_scale)
     if cfg.rows:
-        if wfmt == WFMT_INT4:
-            raise ValueError("the rows GEMV serves plain and fp8 weights, not int4")
         _launch_rows(x, w, n, k, cfg, scale_mode, **common)
     else:
-        _launch_main(x, w, n, k, cfg, wfmt, scale_mode, w_zs, group, dot_dtype, **common)
+        _launch_main(x, w, n, k, cfg, scale_mode, dot_dtype, **common)
     if split > 1 and not fused:
         reduce_splits(part, bias, out)
     return out
@@ -364,14 +322,14 @@ def _launch_rows(x, w, n, k, cfg, scale_mode, *, out, part, cnt, split, fused, b
     )
 
 
-def _launch_main(x, w, n, k, cfg, wfmt, scale_mode, w_zs, group, dot_dtype, *, out, part, cnt,
+def _launch_main(x, w, n, k, cfg, scale_mode, dot_dtype, *, out, part, cnt,
                  split, fused, bm, grid, per, bias, x_scale, w_scale) -> None:
     """The one-kernel launch of ``_gemv_kernel`` (all formats; FMA over one row, or the dot)."""
     _gemv_kernel[grid](
         x, x_scale if x_scale is not None else out, w, w_scale if w_scale is not None else out,
-        w_zs if w_zs is not None else out, bias if bias is not None else out, out, part, cnt,
-        x.shape[0], n, k, per, per // 8, x.stride(0), w.stride(0), _scale_stride(w_scale), out.stride(0),
-        WFMT=wfmt, SCALE_MODE=scale_mode, GROUP=group, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None,
+        bias if bias is not None else out, out, part, cnt,
+        x.shape[0], n, k, per, x.stride(0), w.stride(0), _scale_stride(w_scale), out.stride(0),
+        SCALE_MODE=scale_mode, X_SCALED=x_scale is not None, HAS_BIAS=bias is not None,
         SPLIT=split, FUSED_REDUCE=fused, USE_DOT=cfg.use_dot,
         DOT_DTYPE=tl.float32 if INTERPRETED else _DOT_DTYPES[dot_dtype], BLOCK_M=bm, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
