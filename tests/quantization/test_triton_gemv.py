@@ -283,9 +283,10 @@ def check_sm90_variants() -> None:
             assert "atom.global" in ptx and "ld.global.cg" in ptx, case
 
 
-def test_gemv_variants_compile_for_sm90_with_vector_loads():
-    """``check_sm90_variants`` in a fresh process with the interpreter off (AOT compilation
-    needs the real JIT functions, which ``TRITON_INTERPRET=1`` replaces)."""
+def run_sm90_check(module: str, check: str) -> None:
+    """Run ``module.check()`` in a fresh process with the interpreter off (AOT compilation needs
+    the real JIT functions, which ``TRITON_INTERPRET=1`` replaces); skip without Triton's NVIDIA
+    backend."""
     import subprocess
     import sys
 
@@ -293,7 +294,11 @@ def test_gemv_variants_compile_for_sm90_with_vector_loads():
         from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
     except Exception as e:  # a Triton build without the NVIDIA backend
         pytest.skip(f"no NVIDIA backend in this Triton: {e}")
-    code = "from tests.quantization.test_triton_gemv import check_sm90_variants as c; c()"
+    code = f"from {module} import {check} as c; c()"
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def test_gemv_variants_compile_for_sm90_with_vector_loads():
+    run_sm90_check("tests.quantization.test_triton_gemv", "check_sm90_variants")

@@ -176,15 +176,6 @@ def check_sm90_w4() -> None:
 
 
 def test_w4a16_compiles_for_sm90():
-    """``check_sm90_w4`` in a fresh process with the interpreter off."""
-    import subprocess
-    import sys
+    from tests.quantization.test_triton_gemv import run_sm90_check
 
-    try:
-        from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-    except Exception as e:  # a Triton build without the NVIDIA backend
-        pytest.skip(f"no NVIDIA backend in this Triton: {e}")
-    code = "from tests.quantization.test_triton_w4a16 import check_sm90_w4 as c; c()"
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
+    run_sm90_check("tests.quantization.test_triton_w4a16", "check_sm90_w4")
