@@ -13,10 +13,12 @@
 
 #include "api.h"
 #include "cpu_features.h"
+#include "quant_api.h"
 
 namespace octavo {
 namespace OCTAVO_ISA_NS {
 const Kernels* kernels();
+const QuantKernels* quant_kernels();  // quant_kernels.cpp
 }
 }  // namespace octavo
 
@@ -58,24 +60,33 @@ static void run_checked(const char* name, const char* (*kernel)(const Args&), co
   throw py::value_error(msg);
 }
 
-// The kernels of one decoder-layer step (layer_step.h) in their order; nullptr or why the
-// attention computed nothing (then nothing after it ran).
+// One linear of a layer step: the kernel the per-op path calls for it (layer_step.h); nullptr
+// or why it computed nothing.
+static const char* run_linear(const octavo::bind::LinearCall& c) {
+  static const octavo::QuantKernels* qk = octavo::OCTAVO_ISA_NS::quant_kernels();
+  switch (c.kind) {
+    case octavo::bind::kLinearGemv: octavo::OCTAVO_ISA_NS::gemv_bf16(c.gemv); return nullptr;
+    case octavo::bind::kLinearInt: return qk->int_linear(c.q);
+    default: return qk->int_linear_a8(c.q);
+  }
+}
+
+// The kernels of one decoder-layer step (layer_step.h) in their order; nullptr or why a kernel
+// computed nothing (then nothing after it ran).
 static const char* run_layer_step(const octavo::bind::LayerStep& st) {
-  using octavo::OCTAVO_ISA_NS::gemv_bf16;
   const Kernels* k = kern();
   k->rms_norm(st.norm1);
-  gemv_bf16(st.qkv);
+  if (const char* err = run_linear(st.qkv)) return err;
   k->rope(st.rope);
   if (st.attn_rows > st.written)
     memset(st.attn_out + st.written * st.attn_row_elems, 0,
            (size_t)(st.attn_rows - st.written) * st.attn_row_elems * sizeof(uint16_t));
   if (const char* err = k->paged_attention(st.attn)) return err;
-  gemv_bf16(st.o);
+  if (const char* err = run_linear(st.o)) return err;
   k->rms_norm(st.norm2);
-  gemv_bf16(st.gate_up);
+  if (const char* err = run_linear(st.gate_up)) return err;
   k->silu_and_mul(st.silu);
-  gemv_bf16(st.down);
-  return nullptr;
+  return run_linear(st.down);
 }
 
 static const char* run_layer_steps(const std::vector<octavo::bind::LayerStep>& steps) {
@@ -221,10 +232,12 @@ PYBIND11_MODULE(OCTAVO_MODULE_NAME, m) {
         py::arg("cos"), py::arg("sin"), py::arg("num_heads"), py::arg("num_kv_heads"), py::arg("kv_cache"),
         py::arg("slot_mapping"), py::arg("query_start_loc"), py::arg("seq_lens"), py::arg("block_table"),
         py::arg("scale"), py::arg("sliding_window") = 0, py::arg("soft_cap") = 0.f, py::arg("num_threads") = 0,
-        "One Llama-family decoder layer step over GEMV-packed bf16 weights: hidden_out, residual_out = "
-        "the layer of (hidden, residual) (residual None: the first layer), with the K/V of the first "
-        "len(slot_mapping) tokens written; the rms_norm, gemv, rope, paged_attention and "
-        "silu_and_mul calls of the same arguments, in one call.");
+        "One Llama-family decoder layer step: hidden_out, residual_out = the layer of (hidden, residual) "
+        "(residual None: the first layer), with the K/V of the first len(slot_mapping) tokens written; "
+        "the rms_norm, linear, rope, paged_attention and silu_and_mul calls of the same arguments, in "
+        "one call. A *_weight is GEMV-packed bf16 (gemv; its bias bf16) or an object with the "
+        "attributes of cpu_int.PackedInt (int_linear, or int_linear_a8 where its a8 is set; its bias "
+        "contiguous float32).");
 
   // module_local: every ISA variant is a module of its own, and a process may load several
   py::class_<octavo::bind::DecoderStack>(m, "DecoderStack", py::module_local(),

@@ -1,6 +1,9 @@
 // A Llama-family decoder layer's decode step in one extension call, and a whole stack of them
-// (the fused paths of octavo/models/cpu_decode_layer.py): RMSNorm(+residual), QKV GEMV, RoPE,
-// K/V write + paged attention, O GEMV, RMSNorm + residual, gate/up GEMV, SiLU*mul, down GEMV.
+// (the fused paths of octavo/models/cpu_decode_layer.py): RMSNorm(+residual), QKV linear, RoPE,
+// K/V write + paged attention, O linear, RMSNorm + residual, gate/up linear, SiLU*mul, down linear.
+// A linear is the bf16 GEMV over its packed weight, or a weight-only INT8 / INT4 weight
+// (quant_api.h) through int_linear, or int_linear_a8 where the packed weight says its
+// activations are int8 -- whichever the per-op path (cpu_int.int_linear) would call.
 // The same kernels with the same arguments in the same order as the per-op path, so the
 // outputs are equal bit for bit; what goes is the Python between them (ten calls, a dozen
 // tensor allocations, splits and views per layer: ~5 ms of a 45 ms step at 48 rows on a 2-core
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "gemv_args.h"
+#include "quant_args.h"
 #include "tensor_args.h"
 
 namespace octavo {
@@ -75,6 +79,84 @@ inline GemvArgs gemv_of(const PackedLinear& l, const uint16_t* x, int64_t m, int
   return a;
 }
 
+
+// How the step runs one linear (see the file comment); n, k: output and input features.
+enum LinearKind : int { kLinearGemv = 0, kLinearInt = 1, kLinearIntA8 = 2 };
+struct LinearPlan {
+  int kind = kLinearGemv;
+  PackedLinear gemv;      // kLinearGemv
+  IntWeights q{};         // kLinearInt / kLinearIntA8
+  const float* qbias = nullptr;  // the int kernels add a float32 bias
+  float input_scale = 0.f;       // kLinearIntA8: > 0 a static activation scale
+  bool amx = false;              // the int kernels may take their AMX path
+  int64_t n = 0, k = 0;
+};
+
+// An INT8 / INT4 linear is passed as an object with cpu_int.PackedInt's attributes.
+inline bool is_int_linear(py::handle weight) { return py::hasattr(weight, "bits"); }
+
+// The input features of a linear's weight (packed bf16 [n / 16, k / 2, 16, 2], or PackedInt).
+inline int64_t linear_in_features(const char* fn, const char* name, py::handle weight) {
+  if (is_int_linear(weight)) return weight.attr("k").cast<int64_t>();
+  return view(fn, name, weight, 4).size[1] * 2;
+}
+
+inline LinearPlan linear_plan(const char* fn, const char* name, py::handle weight, py::handle bias, int64_t k,
+                              int64_t n) {
+  LinearPlan l;
+  l.n = n;
+  l.k = k;
+  if (!is_int_linear(weight)) {
+    l.gemv = packed_linear(fn, name, weight, bias, k, n);
+    return l;
+  }
+  const int64_t wn = weight.attr("n").cast<int64_t>(), wk = weight.attr("k").cast<int64_t>();
+  if (wn != n || wk != k)
+    fail(fn, std::string(name) + " is a quantized [" + std::to_string(wn) + ", " + std::to_string(wk) +
+                 "] weight, must be [" + std::to_string(n) + ", " + std::to_string(k) + "]");
+  l.q = int_weights(fn, weight.attr("weight"), weight.attr("scales"), weight.attr("zeros"), (int)n, (int)k,
+                    weight.attr("group").cast<int>(), weight.attr("bits").cast<int>());
+  l.kind = weight.attr("a8").cast<bool>() ? kLinearIntA8 : kLinearInt;
+  l.input_scale = weight.attr("input_scale").cast<float>();
+  l.amx = weight.attr("amx").cast<bool>();
+  if (!bias.is_none()) {
+    const View b = view(fn, "bias", bias, 1);
+    require(b.dtype == kF32 && b.size[0] == n && b.stride[0] == 1, fn, b,
+            "of a quantized linear must be contiguous float32 [" + std::to_string(n) + "]");
+    l.qbias = b.data<float>();
+  }
+  return l;
+}
+
+// One linear's call: x [m, k] (rows k apart) -> out [m, n] (rows n apart), bf16.
+struct LinearCall {
+  int kind = kLinearGemv;
+  GemvArgs gemv{};
+  IntLinearArgs q{};
+};
+
+inline LinearCall linear_call(const LinearPlan& l, const uint16_t* x, int64_t m, uint16_t* out, int threads) {
+  LinearCall c;
+  c.kind = l.kind;
+  if (l.kind == kLinearGemv) {
+    c.gemv = gemv_of(l.gemv, x, m, l.k, out, threads);
+    return c;
+  }
+  IntLinearArgs& a = c.q;
+  a.w = l.q;
+  a.x = x;
+  a.x_stride = l.k;
+  a.out = out;
+  a.o_stride = l.n;
+  a.bias = l.qbias;
+  a.m = m;
+  a.dtype = kBF16;
+  a.num_threads = threads;
+  a.allow_amx = l.amx ? 1 : 0;
+  a.input_scale = l.input_scale;
+  return c;
+}
+
 struct LayerShape {
   int64_t dim, nh, nkv, hd, inter;
 };
@@ -85,7 +167,7 @@ struct LayerPlan {
   const void* norm1 = nullptr;
   const void* norm2 = nullptr;
   float eps1 = 0.f, eps2 = 0.f;
-  PackedLinear qkv, o, gate_up, down;
+  LinearPlan qkv, o, gate_up, down;
   const void* cos = nullptr;
   const void* sin = nullptr;
   int64_t max_pos = 0;
@@ -173,9 +255,8 @@ inline LayerPlan layer_plan(const char* fn, const LayerConsts& in, int64_t dim, 
   if (!(in.soft_cap >= 0.f)) fail(fn, "soft_cap must be >= 0 (0: no capping)");
   const View cv = float_view(fn, "cos", in.cos, 2);
   const View sv = float_view(fn, "sin", in.sin, 2);
-  const View dw = view(fn, "down_weight", in.down_w, 4);
   LayerPlan p;
-  p.shape = LayerShape{dim, num_heads, num_kv_heads, cv.size[1], dw.size[1] * 2};
+  p.shape = LayerShape{dim, num_heads, num_kv_heads, cv.size[1], linear_in_features(fn, "down_weight", in.down_w)};
   const int64_t hd = p.shape.hd, nh = num_heads, nkv = num_kv_heads;
   require(cv.dtype == kBF16 && cv.contiguous() && hd % 16 == 0 && hd > 0, fn, cv,
           "must be a contiguous bfloat16 [max_position, head_size] table");
@@ -188,10 +269,10 @@ inline LayerPlan layer_plan(const char* fn, const LayerConsts& in, int64_t dim, 
   p.norm2 = norm_weight(fn, "norm2", in.norm2, dim);
   p.eps1 = in.eps1;
   p.eps2 = in.eps2;
-  p.qkv = packed_linear(fn, "qkv_weight", in.qkv_w, in.qkv_b, dim, (nh + 2 * nkv) * hd);
-  p.o = packed_linear(fn, "o_weight", in.o_w, in.o_b, nh * hd, dim);
-  p.gate_up = packed_linear(fn, "gate_up_weight", in.gate_up_w, in.gate_up_b, dim, 2 * p.shape.inter);
-  p.down = packed_linear(fn, "down_weight", in.down_w, in.down_b, p.shape.inter, dim);
+  p.qkv = linear_plan(fn, "qkv_weight", in.qkv_w, in.qkv_b, dim, (nh + 2 * nkv) * hd);
+  p.o = linear_plan(fn, "o_weight", in.o_w, in.o_b, nh * hd, dim);
+  p.gate_up = linear_plan(fn, "gate_up_weight", in.gate_up_w, in.gate_up_b, dim, 2 * p.shape.inter);
+  p.down = linear_plan(fn, "down_weight", in.down_w, in.down_b, p.shape.inter, dim);
   p.cache = cache_view(fn, in.kv_cache, hd);
   require(p.cache.v.dtype == kBF16 && p.cache.num_kv_heads == nkv, fn, p.cache.v,
           "must be a bfloat16 cache of " + std::to_string(nkv) + " KV heads");
@@ -230,7 +311,7 @@ inline void check_step(const char* fn, const StepIO& io, const LayerPlan& p) {
 // ``base``; (h_in, r_in) -> (h_out, r_out), r_in nullptr for the first layer.
 struct LayerStep {
   RMSNormArgs norm1, norm2;
-  GemvArgs qkv, o, gate_up, down;
+  LinearCall qkv, o, gate_up, down;
   RopeArgs rope;
   PagedAttentionArgs attn;
   WriteKVArgs write;
@@ -253,7 +334,7 @@ inline LayerStep fill_layer(const char* fn, const LayerPlan& p, const ScratchLay
   } else {
     st.norm1 = norm_of(p.norm1, dim, p.eps1, h_in, nullptr, buf(at.x), nullptr, t, threads);
   }
-  st.qkv = gemv_of(p.qkv, buf(at.x), t, dim, buf(at.qkv), threads);
+  st.qkv = linear_call(p.qkv, buf(at.x), t, buf(at.qkv), threads);
   st.rope = RopeArgs{buf(at.qkv), qkv_n, hd, buf(at.qkv) + nh * hd, qkv_n, hd, buf(at.q_rot), buf(at.k_rot),
                      io.pos, p.cos, p.sin, t, (int)nh, (int)nkv, (int)hd, kBF16, threads};
   const int64_t q_sz[3] = {t, nh, hd}, q_st[3] = {nh * hd, hd, 1};
@@ -268,11 +349,11 @@ inline LayerStep fill_layer(const char* fn, const LayerPlan& p, const ScratchLay
   st.attn_rows = t;
   st.written = st.write.num_tokens;
   st.attn_row_elems = nh * hd;
-  st.o = gemv_of(p.o, buf(at.attn), t, nh * hd, buf(at.o), threads);
+  st.o = linear_call(p.o, buf(at.attn), t, buf(at.o), threads);
   st.norm2 = norm_of(p.norm2, dim, p.eps2, buf(at.o), res, buf(at.x2), r_out, t, threads);
-  st.gate_up = gemv_of(p.gate_up, buf(at.x2), t, dim, buf(at.gate_up), threads);
+  st.gate_up = linear_call(p.gate_up, buf(at.x2), t, buf(at.gate_up), threads);
   st.silu = SiluMulArgs{buf(at.gate_up), 2 * s.inter, buf(at.h), s.inter, t, (int)s.inter, kBF16, threads};
-  st.down = gemv_of(p.down, buf(at.h), t, s.inter, (uint16_t*)h_out, threads);
+  st.down = linear_call(p.down, buf(at.h), t, (uint16_t*)h_out, threads);
   return st;
 }
 

@@ -18,10 +18,12 @@ it does not reproduce (checked once: classes marked ``lean_cpu_step``, one tenso
 rank, RoPE over the whole head without length-dependent tables, the CPU paged attention);
 otherwise the module path runs.
 
-Where every linear of the layer runs the bf16 GEMV at the step's row count (decode batches;
-up to 64 rows on AMX) and the layer has no q/k norms, the whole step is one extension call,
-``decoder_layer``: the same kernels with the same arguments in the same order, intermediates
-in a C++ scratch buffer, so the output is still bit for bit the module path's (tested). The
+Where every linear of the layer runs the bf16 GEMV or the C++ INT8 / INT4 weight-only kernels
+(``cpu_int.int_linear``: ``int_linear``, or ``int_linear_a8`` for int8 activations) at the
+step's row count (decode batches; up to 64 rows on AMX) and the layer has no q/k norms, the
+whole step is one extension call, ``decoder_layer`` (``FusedLinear`` says how each linear
+runs): the same kernels with the same arguments in the same order, intermediates in a C++
+scratch buffer, so the output is still bit for bit the module path's (tested). The
 per-op Python it replaces (ten kernel calls, a dozen allocations, splits and views per layer)
 was ~5 ms of a 45 ms step at 48 rows (SmolLM2-135M, 2-core Xeon, 2 threads).
 """
@@ -29,6 +31,7 @@ was ~5 ms of a 45 ms step at 48 rows (SmolLM2-135M, 2-core Xeon, 2 threads).
 from __future__ import annotations
 
 from types import ModuleType
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -73,15 +76,77 @@ def _why_not(layer: nn.Module) -> str | None:
     return None
 
 
-def _gemv_plan(cfo: ModuleType, module: nn.Module):
-    """(weight, its version, packed copy) where the module path runs this linear through the
-    bf16 GEMV at decode sizes (the checks of ``cpu_fused_ops.linear``), else None."""
+class FusedLinear(NamedTuple):
+    """How the fused step runs one linear: ``decoder_layer``'s ``*_weight`` and ``*_bias``.
+
+    bf16 (``quantized`` False): ``weight`` is the GEMV's packed copy of the weight parameter
+    ``source`` made at its ``version``, ``bias`` the module's own. Quantized: ``weight`` is the
+    layer's ``cpu_int.PackedInt`` (``source``, the same object), ``bias`` the float32 copy
+    ``int_linear`` would add, made from ``bias_source`` at ``bias_version``. Invariant: the
+    plan is stale (remade) once a source was replaced or, where a version is kept, modified
+    in place."""
+
+    source: object
+    version: int | None
+    weight: object
+    bias: torch.Tensor | None
+    bias_source: torch.Tensor | None
+    bias_version: int | None
+    k: int  # input features
+    quantized: bool
+
+    def rows_ok(self, cfo: ModuleType, rows: int) -> bool:
+        """Whether the per-op path runs ``rows`` bf16 rows in this plan's kernel."""
+        if self.quantized:
+            from octavo.quantization.kernels import cpu_int
+
+            return cpu_int.runs_in_kernel(self.weight, rows, torch.bfloat16)
+        return cfo.gemv_rows(rows, self.k)
+
+    def rows_key(self) -> tuple:
+        """Plans with equal keys agree on ``rows_ok`` for every row count."""
+        return ("int", self.weight.a8, self.weight.amx) if self.quantized else ("gemv", self.k)
+
+    def stale(self, module: nn.Module) -> bool:
+        params = module._parameters
+        src = module.__dict__["quant_state"].packed if self.quantized else params["weight"]
+        if src is not self.source or (self.version is not None and src._version != self.version):
+            return True
+        b = params.get("bias")
+        return b is not self.bias_source or (self.bias_version is not None and b._version != self.bias_version)
+
+
+def _int_plan(cfo: ModuleType, module: nn.Module, state) -> FusedLinear | None:
+    """The plan of a quantized linear whose per-op path is ``cpu_int.int_linear`` with this
+    extension's kernels (one rank, no input permutation), else None."""
+    kernel, packed = state.kernel, state.packed
+    if kernel is None or not kernel.cpu_int_linear or state.perm is not None:
+        return None
+    from octavo.quantization.kernels import cpu_int
+
+    if not isinstance(packed, cpu_int.PackedInt) or packed.ext is not cfo._ext:
+        return None
+    b = module._parameters.get("bias")
+    return FusedLinear(packed, None, packed, cpu_int.kernel_bias(b), b, None if b is None else b._version,
+                       packed.k, True)
+
+
+def _fused_linear(cfo: ModuleType, module: nn.Module) -> FusedLinear | None:
+    """How the fused step runs ``module`` where the module path runs it through the bf16 GEMV
+    at decode sizes (the checks of ``cpu_fused_ops.linear``) or the C++ INT8 / INT4 kernels
+    (``_int_plan``); None: the per-op path must run it."""
     d = module.__dict__
-    w = d["_parameters"].get("weight")  # a quantized layer has none
-    if d.get("quant_state") is not None or w is None or not cfo.linear_usable(module, w):
+    state = d.get("quant_state")
+    if state is not None:
+        return _int_plan(cfo, module, state)
+    w = d["_parameters"].get("weight")
+    if w is None or not cfo.linear_usable(module, w):
+        return None
+    b = d["_parameters"].get("bias")
+    if b is not None and b.dtype is not torch.bfloat16:
         return None
     packed = cfo.gemv_packed(module, w, torch.bfloat16)
-    return None if packed is None else (w, w._version, packed)
+    return None if packed is None else FusedLinear(w, w._version, packed, b, b, None, w.shape[1], False)
 
 
 def step_inputs(attn_metadata, group, positions: torch.Tensor) -> tuple[CpuPagedMetadata, torch.Tensor]:
@@ -116,7 +181,7 @@ class LeanLlamaLayer:
         self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
         self.qk_norm = (attn.q_norm, attn.k_norm) if attn.qk_norm else None
         self.linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        self.gemv = [self._UNSET] * 4
+        self.plans: list = [self._UNSET] * 4  # FusedLinear or None per linear, made on first use
         self.rope, self.attn_layer = attn.rotary_emb, attn.attn
         self.split = [attn.q_size, attn.kv_size, attn.kv_size]
         self.heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.q_size)
@@ -160,40 +225,34 @@ class LeanLlamaLayer:
         ext.silu_and_mul(x=gate_up, out=h)
         return self._linear(3, h), r
 
-    def _plan(self, i: int):
-        """(weight, version, packed copy) of linear ``i`` on the GEMV, or None; remade when the
-        weight was replaced or modified in place."""
-        g = self.gemv[i]
-        if g is not None and (g is self._UNSET or self.linears[i]._parameters["weight"] is not g[0]
-                              or g[0]._version != g[1]):
-            g = self.gemv[i] = _gemv_plan(self.cfo, self.linears[i])
+    def _plan(self, i: int) -> FusedLinear | None:
+        """How the fused step runs linear ``i`` (None: it cannot); remade when stale."""
+        g = self.plans[i]
+        if g is self._UNSET or (g is not None and g.stale(self.linears[i])):
+            g = self.plans[i] = _fused_linear(self.cfo, self.linears[i])
         return g
 
     def _linear(self, i: int, x: torch.Tensor) -> torch.Tensor:
         module, ext = self.linears[i], self.ext
         if x.dtype is torch.bfloat16 and self.cfo.gemv_rows(x.shape[0], x.shape[1]):
             g = self._plan(i)
-            bias = module._parameters.get("bias")
-            if g is not None and (bias is None or bias.dtype is torch.bfloat16):
-                out = torch.empty((x.shape[0], g[2].shape[0] * 16), dtype=x.dtype)
-                ext.gemv(x=x, weight=g[2], out=out, bias=bias)
+            if g is not None and not g.quantized:
+                out = torch.empty((x.shape[0], g.weight.shape[0] * 16), dtype=x.dtype)
+                ext.gemv(x=x, weight=g.weight, out=out, bias=g.bias)
                 return out
         return linear(module, x)  # the module path's own dispatch (quantized, prepacked, module)
 
     def _fused_step(self, positions, hidden, residual, attn_metadata, w1, w2):
         """The whole step in one extension call (``decoder_layer``: the kernels below with the
-        same arguments in the same order) where every linear runs the bf16 GEMV at this row
-        count and the layer has no q/k norms; else None (the per-op path runs)."""
-        t, gemv_rows = hidden.shape[0], self.cfo.gemv_rows
-        if not (self.fused and hidden.dtype is torch.bfloat16 and gemv_rows(t, 32)):
+        same arguments in the same order) where every linear runs the bf16 GEMV or the C++
+        INT8 / INT4 kernel at this row count and the layer has no q/k norms; else None (the
+        per-op path runs)."""
+        t = hidden.shape[0]
+        if not (self.fused and hidden.dtype is torch.bfloat16 and self.cfo.gemv_rows(t, 32)):
             return None
-        plans, biases = [], []
-        for i, module in enumerate(self.linears):
-            g, bias = self._plan(i), module._parameters.get("bias")
-            if g is None or not (bias is None or bias.dtype is torch.bfloat16) or not gemv_rows(t, g[2].shape[1] * 2):
-                return None
-            plans.append(g[2])
-            biases.append(bias)
+        plans = [self._plan(i) for i in range(4)]
+        if any(g is None or not g.rows_ok(self.cfo, t) for g in plans):
+            return None
         layer = self.attn_layer
         md, positions = step_inputs(attn_metadata, layer.kv_group, positions)
         nh, nkv, _, _ = self.heads
@@ -201,13 +260,13 @@ class LeanLlamaLayer:
         out, res = torch.empty_like(hidden), torch.empty_like(hidden)
         self.ext.decoder_layer(
             hidden=hidden, residual=residual, hidden_out=out, residual_out=res, norm1=w1, norm2=w2,
-            eps1=self.norm1.eps, eps2=self.norm2.eps, qkv_weight=plans[0], qkv_bias=biases[0],
-            o_weight=plans[1], o_bias=biases[1], gate_up_weight=plans[2], gate_up_bias=biases[2],
-            down_weight=plans[3], down_bias=biases[3], positions=positions, cos=tables["cos"],
-            sin=tables["sin"], num_heads=nh, num_kv_heads=nkv, kv_cache=layer.kv_cache,
-            slot_mapping=md.slot_mapping[: md.num_actual_tokens], query_start_loc=md.query_start_loc,
-            seq_lens=md.seq_lens, block_table=md.block_table, scale=impl.scale,
-            sliding_window=impl._window, soft_cap=impl._soft_cap,
+            eps1=self.norm1.eps, eps2=self.norm2.eps, qkv_weight=plans[0].weight, qkv_bias=plans[0].bias,
+            o_weight=plans[1].weight, o_bias=plans[1].bias, gate_up_weight=plans[2].weight,
+            gate_up_bias=plans[2].bias, down_weight=plans[3].weight, down_bias=plans[3].bias,
+            positions=positions, cos=tables["cos"], sin=tables["sin"], num_heads=nh, num_kv_heads=nkv,
+            kv_cache=layer.kv_cache, slot_mapping=md.slot_mapping[: md.num_actual_tokens],
+            query_start_loc=md.query_start_loc, seq_lens=md.seq_lens, block_table=md.block_table,
+            scale=impl.scale, sliding_window=impl._window, soft_cap=impl._soft_cap,
         )
         return out, res
 

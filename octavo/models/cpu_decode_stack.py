@@ -13,9 +13,10 @@ checked once. Each step first checks that none of them was replaced or modified 
 (identity and version counter, ~400 reads for 30 layers) and rebuilds the plan if one was
 (so a weight update is seen, as on the per-layer path). Layer constants that are plain numbers
 (eps, the attention scale, window, soft cap) are read when the plan is built. It applies where
-every layer takes the fused step (``LeanLlamaLayer.fused``, every linear on the bf16 GEMV at
-this row count), the model keeps no auxiliary hidden states (EAGLE-3) and all layers share one
-KV cache group; otherwise the layers run one by one.
+every layer takes the fused step (``LeanLlamaLayer.fused``, every linear on the bf16 GEMV or
+the C++ INT8 / INT4 kernels at this row count: ``FusedLinear``), the model keeps no auxiliary
+hidden states (EAGLE-3) and all layers share one KV cache group; otherwise the layers run one
+by one.
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ import torch
 from torch import nn
 
 from octavo.models import cpu_decode_layer
-from octavo.models.cpu_decode_layer import LeanLlamaLayer
+from octavo.models.cpu_decode_layer import FusedLinear, LeanLlamaLayer
 
 ENABLED = True  # False: the layers are called one by one (comparisons, tests)
 
 
 def _watch(lean: LeanLlamaLayer) -> list[tuple[dict, str, object, int | None]]:
     """(container, key, object, version) of everything a layer's plan points into. Versions
-    only for the linear weights, which the plan reads through their packed GEMV copies; the
-    rest it reads in place, so only their replacement matters."""
+    only where the plan reads a copy (a bf16 weight's packed GEMV copy, a quantized layer's
+    float32 bias); the rest it reads in place, so only their replacement matters."""
     out = [(lean.norm1._parameters, "weight", False), (lean.norm2._parameters, "weight", False)]
     for m in lean.linears:
-        out += [(m._parameters, "weight", True), (m._parameters, "bias", False)]
+        state = m.__dict__.get("quant_state")
+        if state is None:
+            out += [(m._parameters, "weight", True), (m._parameters, "bias", False)]
+        else:
+            out += [(state.__dict__, "packed", False), (m._parameters, "bias", True)]
     out += [(lean.attn_layer.__dict__, "kv_cache", False), (lean.rope._buffers, "cos", False),
             (lean.rope._buffers, "sin", False)]
     return [(d, k, d.get(k), d[k]._version if versioned and d.get(k) is not None else None) for d, k, versioned in out]
@@ -52,7 +57,7 @@ class LeanStack:
         self.cfo = lean[0].cfo
         self.plan = None
         self.watch: list[tuple[dict, str, object, int]] = []
-        self.widths: tuple[int, ...] = ()  # input widths of the linears (GEMV row checks)
+        self.row_checks: list[FusedLinear] = []  # one linear per distinct row rule (``rows_ok``)
         self.group = None  # the KV cache group every layer reads
 
     def _changed(self) -> bool:
@@ -67,17 +72,18 @@ class LeanStack:
         groups = {lean.attn_layer.kv_group for lean in self.lean}
         if len(groups) != 1 or not all(lean.fused and lean.why_not is None for lean in self.lean):
             return
-        layers = []
+        layers, rules = [], {}
         for lean in self.lean:
             plans = [lean._plan(i) for i in range(4)]
             if any(g is None for g in plans):
                 return
-            layers.append(_layer_args(lean, [g[2] for g in plans]))
+            layers.append(_layer_args(lean, plans))
+            rules.update((g.rows_key(), g) for g in plans)
         first = self.lean[0]
         nh, nkv, _, _ = first.heads
         self.plan = self.cfo._ext.DecoderStack(layers=layers, hidden_size=first.norm1._parameters["weight"].shape[0],
                                                num_heads=nh, num_kv_heads=nkv)
-        self.widths = tuple(sorted({w.shape[1] * 2 for k, w in layers[0].items() if k.endswith("_weight")}))
+        self.row_checks = list(rules.values())
         self.group = groups.pop()
 
     def __call__(self, positions: torch.Tensor, hidden: torch.Tensor, attn_metadata) -> tuple | None:
@@ -89,7 +95,7 @@ class LeanStack:
             return None
         if self._changed():
             self._build()
-        if self.plan is None or not all(cfo.gemv_rows(t, k) for k in self.widths):
+        if self.plan is None or not all(g.rows_ok(cfo, t) for g in self.row_checks):
             return None
         md, positions = cpu_decode_layer.step_inputs(attn_metadata, self.group, positions)
         out, res = torch.empty_like(hidden), torch.empty_like(hidden)
@@ -101,16 +107,15 @@ class LeanStack:
         return out, res
 
 
-def _layer_args(lean: LeanLlamaLayer, packed: list[torch.Tensor]) -> dict:
+def _layer_args(lean: LeanLlamaLayer, plans: list[FusedLinear]) -> dict:
     """A layer's constants as ``DecoderStack`` takes them (``decoder_layer``'s keywords)."""
     impl, tables = lean.attn_layer.impl, lean.rope._buffers
-    biases = [m._parameters.get("bias") for m in lean.linears]
+    linears = {name: g for name, g in zip(("qkv", "o", "gate_up", "down"), plans, strict=True)}
     return dict(
         norm1=lean.norm1._parameters["weight"], norm2=lean.norm2._parameters["weight"], eps1=lean.norm1.eps,
-        eps2=lean.norm2.eps, qkv_weight=packed[0], qkv_bias=biases[0], o_weight=packed[1], o_bias=biases[1],
-        gate_up_weight=packed[2], gate_up_bias=biases[2], down_weight=packed[3], down_bias=biases[3],
-        cos=tables["cos"], sin=tables["sin"], kv_cache=lean.attn_layer.kv_cache, scale=impl.scale,
-        sliding_window=impl._window, soft_cap=impl._soft_cap,
+        eps2=lean.norm2.eps, cos=tables["cos"], sin=tables["sin"], kv_cache=lean.attn_layer.kv_cache,
+        scale=impl.scale, sliding_window=impl._window, soft_cap=impl._soft_cap,
+        **{f"{n}_weight": g.weight for n, g in linears.items()}, **{f"{n}_bias": g.bias for n, g in linears.items()},
     )
 
 

@@ -178,6 +178,19 @@ def _blas_linear(x2: torch.Tensor, packed: PackedInt) -> torch.Tensor:
     return out_t.T
 
 
+def runs_in_kernel(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:
+    """Whether ``int_linear`` computes ``rows`` rows of ``dtype`` in one C++ kernel call
+    (``int_linear`` / ``int_linear_a8``), rather than block by block through the BLAS."""
+    return packed.a8 or rows <= GEMM_MAX_ROWS or (packed.amx and dtype == torch.bfloat16)
+
+
+def kernel_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    """``bias`` as the C++ kernels add it: contiguous float32 (the same values)."""
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        bias = bias.to(torch.float32).contiguous()
+    return bias
+
+
 def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for x [..., K] (float32 / bfloat16 / float16); the result has x's dtype.
 
@@ -190,13 +203,12 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     w = packed
-    if not w.a8 and m > GEMM_MAX_ROWS and not (w.amx and x2.dtype == torch.bfloat16):
+    if not runs_in_kernel(w, m, x2.dtype):
         y = _blas_linear(x2, w).contiguous()
         if bias is not None:
             y += bias.to(x.dtype)
         return y if x2 is x else y.view(*x.shape[:-1], w.n)
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        bias = bias.to(torch.float32).contiguous()  # the kernels add a float32 bias
+    bias = kernel_bias(bias)
     out = torch.empty(m, w.n, dtype=x.dtype)
     if w.a8:
         w.ext.int_linear_a8(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias,

@@ -32,6 +32,9 @@ class QuantKernel:
     apply: Callable[[torch.Tensor, Any, torch.Tensor | None], torch.Tensor]
     # The canonical weight is kept only while the kernel still reads it (torch_ref).
     keeps_canonical: bool = False
+    # apply(x, p, b) is cpu_int.int_linear(x, p, b) wherever p is a cpu_int.PackedInt (the CPU's
+    # fused decoder-layer step calls the same C++ kernel itself: models/cpu_decode_layer.py).
+    cpu_int_linear: bool = False
 
 
 def _ref(w: CanonicalWeight) -> QuantKernel:
@@ -47,6 +50,7 @@ def _cpu_int(w: CanonicalWeight) -> QuantKernel:
         "cpu_int",
         lambda w: mod.prepack_int(w.q, w.scales, w.zeros, w.bits),
         lambda x, p, b: mod.int_linear(x, p, b),
+        cpu_int_linear=True,
     )
 
 
@@ -76,7 +80,7 @@ def _cpu_int_a8(w: CanonicalWeight) -> QuantKernel:
             logger.warning("a %s layer %s keeps 16-bit activations: %s", w.describe(), tuple(w.q.shape), why)
         return mod.prepack_int(w.q, w.scales, w.zeros, w.bits, act_int8=why is None)
 
-    return QuantKernel("cpu_int_a8", prepack, lambda x, p, b: mod.int_linear(x, p, b))
+    return QuantKernel("cpu_int_a8", prepack, lambda x, p, b: mod.int_linear(x, p, b), cpu_int_linear=True)
 
 
 def _cpu_w8a8(w: CanonicalWeight) -> QuantKernel:
@@ -103,7 +107,7 @@ def _cpu_w8a8(w: CanonicalWeight) -> QuantKernel:
     def apply(x: torch.Tensor, p, b: torch.Tensor | None) -> torch.Tensor:
         return torch_ref.int8_w8a8_linear(x, p, b) if isinstance(p, Int8Weight) else mod.int_linear(x, p, b)
 
-    return QuantKernel("cpu_w8a8", prepack, apply)
+    return QuantKernel("cpu_w8a8", prepack, apply, cpu_int_linear=True)
 
 
 def _triton_w4a16(w: CanonicalWeight) -> QuantKernel:
