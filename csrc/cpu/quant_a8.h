@@ -231,10 +231,7 @@ static const char* a8_linear_dt(const IntLinearArgs& a) {
   }
 #endif
   const int threads = threading::resolve_threads(a.num_threads);
-  const int64_t nt = n_tiles(a.w);
-  int64_t per = nt / ((int64_t)threads * 4);
-  per = per < 1 ? 1 : per > 16 ? 16 : per;
-  if (a.m == 1 && per > kGemvTiles) per -= per % kGemvTiles;  // whole multi-tile passes
+  const int64_t nt = n_tiles(a.w), per = tiles_per_item(nt, a.m, threads);
   A8Ctx c{&a, xq, xs, xsum, per, {}};
   a8_index(a.w.bits, c.idx);
   const int64_t items = (nt + per - 1) / per;

@@ -320,6 +320,20 @@ static inline void tile_passes(int64_t t0, int64_t t1, Pass&& pass) {
   for (; t < t1; ++t) pass(Tiles<1>(), t);
 }
 
+// Tiles per work item. Batches: runs long enough to stream, short enough that every thread gets
+// several (dynamic hand-out). One row: every thread an equal share of whole tiles, in as few
+// items as runs of <= 16 tiles allow -- a thread's tiles are then passes of kGemvTiles streams
+// side by side, and no thread waits at the end for another's extra item (with 18 tiles, the
+// 576-wide layers, items of 2 left one of two threads idle for a ninth of the call).
+static inline int64_t tiles_per_item(int64_t nt, int64_t m, int threads) {
+  if (m == 1) {
+    const int64_t share = (nt + threads - 1) / threads, pieces = (share + 15) / 16;
+    return (share + pieces - 1) / pieces;
+  }
+  const int64_t per = nt / ((int64_t)threads * 4);
+  return per < 1 ? 1 : per > 16 ? 16 : per;
+}
+
 template <int DT, int BITS>
 static void linear_item(void* ctx, int64_t item, int) {
   const LinearCtx& c = *(const LinearCtx*)ctx;
@@ -377,11 +391,7 @@ static const char* linear_dt(const IntLinearArgs& a) {
   if (!buf) return "out of memory for the activation buffer";
   prepare_x<DT>(a, buf, buf + a.m * kp, kp);
   const int threads = threading::resolve_threads(a.num_threads);
-  const int64_t nt = n_tiles(a.w);
-  // runs of tiles long enough to stream, short enough that every thread gets several
-  int64_t per = nt / ((int64_t)threads * 4);
-  per = per < 1 ? 1 : per > 16 ? 16 : per;
-  if (a.m == 1 && per > kGemvTiles) per -= per % kGemvTiles;  // whole multi-tile passes
+  const int64_t nt = n_tiles(a.w), per = tiles_per_item(nt, a.m, threads);
   LinearCtx c{&a, buf, buf + a.m * kp, kp, per};
   const int64_t items = (nt + per - 1) / per;
   void (*fn)(void*, int64_t, int) = a.w.bits == 8 ? &linear_item<DT, 8> : &linear_item<DT, 4>;
