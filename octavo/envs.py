@@ -101,6 +101,13 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "q8_0 / q4_0): faster, but changes outputs. W8A8 checkpoints do this regardless. Set on a CPU "
         "without AVX512-VNNI and AVX512-VBMI it is an error.",
     ),
+    "OCTAVO_CPU_INT8_LM_HEAD": (
+        _bool("OCTAVO_CPU_INT8_LM_HEAD", False),
+        "On the CPU, multiply bf16 hidden states with an INT8 per-channel copy of the output "
+        "projection (lm_head, or the tied embedding) in octavo's C++ kernels: half the bytes per "
+        "token (llama.cpp's q8_0 / q4_0 files quantize it too), slightly different logits. Off: "
+        "the checkpoint's weight, as it is.",
+    ),
     "OCTAVO_ENGINE_INPROC": (
         _bool("OCTAVO_ENGINE_INPROC", False),
         "Run the engine core inside the API process (debugging).",

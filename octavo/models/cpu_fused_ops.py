@@ -188,11 +188,17 @@ def select_linear_kernels(model, policy: str) -> None:
 def attach_layer_paths(model) -> None:
     """Llama-family decoder layers run their step without the module tree in between
     (``cpu_decode_layer``: the same kernels in the same order, the same output), and their
-    models the whole layer loop in one call where every layer can (``cpu_decode_stack``)."""
+    models the whole layer loop in one call where every layer can (``cpu_decode_stack``). The
+    output projection gets its INT8 copy where ``OCTAVO_CPU_INT8_LM_HEAD`` asks for one
+    (``quantization.lm_head``)."""
     from octavo.models import cpu_decode_layer, cpu_decode_stack
+    from octavo.quantization import lm_head
 
     cpu_decode_layer.attach(model, sys.modules[__name__])
     cpu_decode_stack.attach(model)
+    output_head = getattr(model, "output_head", None)
+    if output_head is not None:
+        lm_head.attach(model, output_head())
 
 
 def pack_gemv_weight(weight: torch.Tensor) -> torch.Tensor:

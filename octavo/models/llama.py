@@ -219,9 +219,16 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids, positions, attn_metadata: Any) -> torch.Tensor:
         return self.model(input_ids, positions, attn_metadata)
 
+    def output_head(self) -> nn.Module:
+        """The module whose weight projects hidden states to logits (the embedding when tied)."""
+        return self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on tensor-parallel rank 0, ``None`` on the other ranks."""
-        head = self.model.embed_tokens if self.tie_word_embeddings else self.lm_head
+        head = self.output_head()
+        int8 = self.__dict__.get("int8_lm_head")  # OCTAVO_CPU_INT8_LM_HEAD (quantization/lm_head.py)
+        if int8 is not None and (logits := int8.logits(hidden)) is not None:
+            return logits
         ops = fused_ops_of(self)  # prepacked oneDNN weights on the CPU (single rank, bf16)
         if ops is not None and ops.linear_usable(head, hidden):
             return ops.linear(head, hidden)
