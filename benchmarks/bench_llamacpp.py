@@ -24,7 +24,9 @@ Stages (``--stages``, default all of them, each safe to re-run):
   ``--threads``): bf16 -> the bf16 checkpoint, q8_0 -> ``--quantization int8`` (online
   weight-only, per channel), q4_0 -> the W4A16 copy; with ``--octavo-a8`` the q8_0 / q4_0
   counterparts run a second time with int8 activations (``OCTAVO_CPU_INT8_ACTIVATIONS=1``: the
-  numerics llama.cpp's q8_0 / q4_0 use). Per-round ratios and their medians:
+  numerics llama.cpp's q8_0 / q4_0 use); with ``--octavo-int8-lm-head`` once more with the output
+  projection in INT8 too (``OCTAVO_CPU_INT8_LM_HEAD=1``: llama.cpp's q8_0 / q4_0 files quantize
+  it, q8_0 / q6_K). Per-round ratios and their medians:
   octavo TPOT / llama.cpp time per generated token, octavo TTFT / llama.cpp prompt time. The load
   average before each measurement is recorded: other work on the machine moves every figure, the
   same-round ratio much less. ggml's ``system_info`` line and the CPU's flags go in the report.
@@ -187,11 +189,12 @@ def octavo_counterpart(args, gtype: str) -> tuple[str, list[str]]:
     raise ValueError(f"no octavo counterpart for llama.cpp type {gtype!r}")
 
 
-def octavo_latency(args, gtype: str, path: Path, a8: bool = False) -> dict[str, float]:
-    """octavo's medians; ``a8``: with OCTAVO_CPU_INT8_ACTIVATIONS=1 (int8 activations, like q8_0 / q4_0)."""
+def octavo_latency(args, gtype: str, path: Path, a8: bool = False, lm8: bool = False) -> dict[str, float]:
+    """octavo's medians; ``a8``: with OCTAVO_CPU_INT8_ACTIVATIONS=1 (int8 activations, like q8_0 / q4_0);
+    ``lm8``: with OCTAVO_CPU_INT8_LM_HEAD=1 (the output projection in INT8, like their files)."""
     model, flags = octavo_counterpart(args, gtype)
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OCTAVO_CPU_INT8_ACTIVATIONS": "1" if a8 else "0"}
+           "OCTAVO_CPU_INT8_ACTIVATIONS": "1" if a8 else "0", "OCTAVO_CPU_INT8_LM_HEAD": "1" if lm8 else "0"}
     sh([sys.executable, "-m", "octavo.entrypoints.cli", "bench", "latency", "--model", model,
         "--batch-size", 1, "--input-len", args.input_len, "--output-len", args.output_len,
         "--threads", args.threads, "--num-iters-warmup", 1, "--num-iters", args.octavo_iters,
@@ -240,6 +243,13 @@ def bench_round(args, i: int) -> dict:
             print(f"round {i} {t} int8 activations: octavo TPOT {o8['tpot_ms']:.2f} ms "
                   f"({per[t]['tpot_ratio_a8']:.2f}x); TTFT {o8['ttft_ms']:.1f} ms ({per[t]['ttft_ratio_a8']:.2f}x)",
                   flush=True)
+        if args.octavo_int8_lm_head and t in ("q8_0", "q4_0"):
+            ol = octavo_latency(args, t, Path(args.work) / f"octavo-latency-{t}-lm8-r{i}.json", lm8=True)
+            per[t].update(octavo_lm8=ol, tpot_ratio_lm8=ol["tpot_ms"] / lc["tg_ms_per_token"],
+                          ttft_ratio_lm8=ol["ttft_ms"] / lc["pp_ms"])
+            print(f"round {i} {t} INT8 lm_head: octavo TPOT {ol['tpot_ms']:.2f} ms "
+                  f"({per[t]['tpot_ratio_lm8']:.2f}x); TTFT {ol['ttft_ms']:.1f} ms ({per[t]['ttft_ratio_lm8']:.2f}x)",
+                  flush=True)
     return {"round": i, "types": per}
 
 
@@ -249,12 +259,13 @@ def summary(rounds: list[dict], t: str) -> dict[str, float]:
     def med(f) -> float:
         return statistics.median(f(r) for r in rs)
 
-    a8 = {} if "octavo_a8" not in rs[0] else {
-        "octavo_a8_tpot_ms": med(lambda r: r["octavo_a8"]["tpot_ms"]),
-        "median_tpot_ratio_a8": med(lambda r: r["tpot_ratio_a8"]),
-        "median_ttft_ratio_a8": med(lambda r: r["ttft_ratio_a8"]),
-    }
-    return a8 | {
+    extra = {}
+    for v in ("a8", "lm8"):
+        if f"octavo_{v}" in rs[0]:
+            extra |= {f"octavo_{v}_tpot_ms": med(lambda r, v=v: r[f"octavo_{v}"]["tpot_ms"]),
+                      f"median_tpot_ratio_{v}": med(lambda r, v=v: r[f"tpot_ratio_{v}"]),
+                      f"median_ttft_ratio_{v}": med(lambda r, v=v: r[f"ttft_ratio_{v}"])}
+    return extra | {
         "octavo_tpot_ms": med(lambda r: r["octavo"]["tpot_ms"]),
         "llamacpp_tg_ms_per_token": med(lambda r: r["llamacpp"]["tg_ms_per_token"]),
         "median_tpot_ratio": med(lambda r: r["tpot_ratio"]),
@@ -281,9 +292,10 @@ def stage_bench(args) -> dict:
         print(f"{t:>6} {m['octavo_tpot_ms']:10.2f}ms {m['llamacpp_tg_ms_per_token']:8.2f}ms "
               f"{m['median_tpot_ratio']:5.2f}x {m['octavo_ttft_ms']:10.1f}ms {m['llamacpp_pp_ms']:11.1f}ms "
               f"{m['median_ttft_ratio']:5.2f}x")
-        if "median_tpot_ratio_a8" in m:
-            print(f"{t + '+a8':>6} {m['octavo_a8_tpot_ms']:10.2f}ms {'':>10} {m['median_tpot_ratio_a8']:5.2f}x "
-                  f"{'':>12} {'':>13} {m['median_ttft_ratio_a8']:5.2f}x  (OCTAVO_CPU_INT8_ACTIVATIONS=1)")
+        for v, env in (("a8", "OCTAVO_CPU_INT8_ACTIVATIONS"), ("lm8", "OCTAVO_CPU_INT8_LM_HEAD")):
+            if f"median_tpot_ratio_{v}" in m:
+                print(f"{t + '+' + v:>8} {m[f'octavo_{v}_tpot_ms']:8.2f}ms {'':>10} {m[f'median_tpot_ratio_{v}']:5.2f}x "
+                      f"{'':>12} {'':>13} {m[f'median_ttft_ratio_{v}']:5.2f}x  ({env}=1)")
     return report
 
 
@@ -315,6 +327,9 @@ def main() -> None:
     p.add_argument("--octavo-a8", action="store_true",
                    help="q8_0 / q4_0: also run octavo with OCTAVO_CPU_INT8_ACTIVATIONS=1 (int8 activations, "
                         "llama.cpp's numerics) in the same round")
+    p.add_argument("--octavo-int8-lm-head", action="store_true",
+                   help="q8_0 / q4_0: also run octavo with OCTAVO_CPU_INT8_LM_HEAD=1 (the output projection in "
+                        "INT8, as llama.cpp's files have it) in the same round")
     p.add_argument("--json-out", default=None)
     args = p.parse_args()
     args.model = args.model or str(Path(args.work) / "smol-135m")

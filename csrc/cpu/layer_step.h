@@ -115,7 +115,8 @@ inline LinearPlan linear_plan(const char* fn, const char* name, py::handle weigh
     fail(fn, std::string(name) + " is a quantized [" + std::to_string(wn) + ", " + std::to_string(wk) +
                  "] weight, must be [" + std::to_string(n) + ", " + std::to_string(k) + "]");
   l.q = int_weights(fn, weight.attr("weight"), weight.attr("scales"), weight.attr("zeros"), (int)n, (int)k,
-                    weight.attr("group").cast<int>(), weight.attr("bits").cast<int>());
+                    weight.attr("group").cast<int>(), weight.attr("bits").cast<int>(),
+                    weight.attr("zero_point").cast<float>());
   l.kind = weight.attr("a8").cast<bool>() ? kLinearIntA8 : kLinearInt;
   l.input_scale = weight.attr("input_scale").cast<float>();
   l.amx = weight.attr("amx").cast<bool>();

@@ -112,7 +112,9 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
     for (int t = 0; t < NT; ++t) {
       const float* zg = z + t * sz_stride + g * kQuantTile;
       const float* sg = s + t * sz_stride + g * kQuantTile;
-      const __m512i z0 = _mm512_cvtps_epi32(_mm512_loadu_ps(zg)), z1 = _mm512_cvtps_epi32(_mm512_loadu_ps(zg + 16));
+      const bool zc = w.zero_point >= 0.f;  // a constant zero point: not streamed
+      const __m512i z0 = _mm512_cvtps_epi32(zc ? _mm512_set1_ps(w.zero_point) : _mm512_loadu_ps(zg));
+      const __m512i z1 = _mm512_cvtps_epi32(zc ? _mm512_set1_ps(w.zero_point) : _mm512_loadu_ps(zg + 16));
       const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16);
       for (int i = 0; i < MR; ++i) {
         const __m512i xsg = _mm512_set1_epi32(c.xsum[(m0 + i) * G + g]);

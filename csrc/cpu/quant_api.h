@@ -29,6 +29,10 @@ struct IntWeights {
   int k;                  // input features
   int group;              // k per scale group; K % group == 0 (4-bit: group even, or group == K)
   int bits;               // 8 or 4
+  // >= 0: every entry of zeros is this value (a symmetric checkpoint's midpoint), so the batch-1
+  // and int8-activation kernels use it instead of streaming zeros (a quarter of a 4-bit g32
+  // weight's bytes); < 0: read zeros
+  float zero_point = -1.f;
 };
 
 struct IntLinearArgs {

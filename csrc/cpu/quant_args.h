@@ -20,9 +20,11 @@ inline bool is_uint8(py::handle t) {
   return py::getattr(t, "dtype").is(*u8);
 }
 
-// The packed weight, scales and zeros of (n, k, group, bits), checked against each other.
+// The packed weight, scales and zeros of (n, k, group, bits), checked against each other;
+// zero_point >= 0 says every zero is that value (the caller's promise: cpu_int.prepack_int
+// sets it only where it is so), < 0 nothing.
 inline IntWeights int_weights(const char* fn, py::handle weight, py::handle scales, py::handle zeros,
-                              int n, int k, int group, int bits) {
+                              int n, int k, int group, int bits, float zero_point = -1.f) {
   if (bits != 8 && bits != 4) fail(fn, "bits must be 8 or 4, got " + std::to_string(bits));
   if (n <= 0 || k <= 0 || group <= 0 || k % group)
     fail(fn, "need n, k > 0 and k a multiple of group (n=" + std::to_string(n) + ", k=" +
@@ -39,15 +41,16 @@ inline IntWeights int_weights(const char* fn, py::handle weight, py::handle scal
     require(v->dtype == kF32 && v->contiguous() && v->size[0] == tiles && v->size[1] == k / group &&
                 v->size[2] == kQuantTile, fn, *v,
             "must be contiguous float32 [" + std::to_string(tiles) + ", " + std::to_string(k / group) + ", 32]");
-  return IntWeights{w.data<uint8_t>(), s.data<float>(), z.data<float>(), n, k, group, bits};
+  if (zero_point >= (float)(1 << bits)) fail(fn, "zero_point must be below 2^bits");
+  return IntWeights{w.data<uint8_t>(), s.data<float>(), z.data<float>(), n, k, group, bits, zero_point};
 }
 
 inline IntLinearArgs int_linear_args(py::handle x, py::handle weight, py::handle scales, py::handle zeros,
                                      py::handle out, int n, int k, int group, int bits, py::handle bias,
-                                     int num_threads, bool allow_amx) {
+                                     int num_threads, bool allow_amx, float zero_point) {
   const char* fn = "int_linear";
   IntLinearArgs a{};
-  a.w = int_weights(fn, weight, scales, zeros, n, k, group, bits);
+  a.w = int_weights(fn, weight, scales, zeros, n, k, group, bits, zero_point);
   const View xv = rows_view(fn, "x", x);
   const View o = rows_view(fn, "out", out);
   require(xv.size[1] == k, fn, xv, "must have k=" + std::to_string(k) + " columns");

@@ -14,29 +14,32 @@ inline void register_quant(py::module_& m) {
   static const octavo::QuantKernels* qk = octavo::OCTAVO_ISA_NS::quant_kernels();
   m.def("int_linear",
         [](py::handle x, py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k,
-           int group, int bits, py::handle bias, int num_threads, bool allow_amx) {
-          const octavo::IntLinearArgs a = octavo::bind::int_linear_args(x, weight, scales, zeros, out, n, k, group,
-                                                                        bits, bias, num_threads, allow_amx);
+           int group, int bits, py::handle bias, int num_threads, bool allow_amx, float zero_point) {
+          const octavo::IntLinearArgs a = octavo::bind::int_linear_args(
+              x, weight, scales, zeros, out, n, k, group, bits, bias, num_threads, allow_amx, zero_point);
           run_checked("int_linear", qk->int_linear, a);
         },
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
         py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
-        py::arg("num_threads") = 0, py::arg("allow_amx") = true,
+        py::arg("num_threads") = 0, py::arg("allow_amx") = true, py::arg("zero_point") = -1.f,
         "out [M, n] = x [M, k] @ dequant(weight).T (+ bias) for packed INT8 / INT4 weights (quant_api.h); "
-        "bf16 batches of >= 5 rows run on AMX where int_amx() (allow_amx=False: never).");
+        "bf16 batches of >= 5 rows run on AMX where int_amx() (allow_amx=False: never); zero_point >= 0: "
+        "every entry of zeros is that value (batch 1 then does not read zeros).");
   m.def("int_amx", [] { return qk->int_amx(); },
         "Whether int_linear runs bf16 batches of >= 5 rows on AMX on this CPU (any number of rows).");
   m.def("int_linear_a8",
         [](py::handle x, py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k,
-           int group, int bits, py::handle bias, float input_scale, int num_threads, bool allow_amx) {
+           int group, int bits, py::handle bias, float input_scale, int num_threads, bool allow_amx,
+           float zero_point) {
           octavo::IntLinearArgs a = octavo::bind::int_linear_args(x, weight, scales, zeros, out, n, k, group,
-                                                                  bits, bias, num_threads, allow_amx);
+                                                                  bits, bias, num_threads, allow_amx, zero_point);
           a.input_scale = input_scale;
           run_checked("int_linear_a8", qk->int_linear_a8, a);
         },
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
         py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
         py::arg("input_scale") = 0.f, py::arg("num_threads") = 0, py::arg("allow_amx") = true,
+        py::arg("zero_point") = -1.f,
         "out [M, n] = like int_linear, but x is first quantized to int8 per row (input_scale > 0: that "
         "static scale; else amax / 127.5) and the codes meet the weights in integer dot products "
         "(AVX512-VNNI; W8A8 / W4A8 numerics, csrc/cpu/quant_a8.h); bf16 batches of > 8 rows feed the "

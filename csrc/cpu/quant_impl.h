@@ -238,6 +238,15 @@ static void gemv_tiles(const LinearCtx& c, int64_t tile0) {
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = zero();
     gemv_group<BITS, NT>(wp, tile_stride, c.xf, r0, r1, a);
     const F xs = bcast(c.xsum[g]);
+    if (w.zero_point >= 0.f) {  // the same products, the zero point from a register
+      const F zx = mul(bcast(w.zero_point), xs);
+      for (int t = 0; t < NT; ++t) {
+        const float* sg = s + t * sz_stride + g * kQuantTile;
+        y[t][0] = fma(load(sg), sub(a[t][0], zx), y[t][0]);
+        y[t][1] = fma(load(sg + 16), sub(a[t][1], zx), y[t][1]);
+      }
+      continue;
+    }
     for (int t = 0; t < NT; ++t) {
       const float* sg = s + t * sz_stride + g * kQuantTile;
       const float* zg = z + t * sz_stride + g * kQuantTile;

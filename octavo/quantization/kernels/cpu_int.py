@@ -55,7 +55,9 @@ class PackedInt:
     """An INT8 / INT4 weight in the kernels' layout (see the module docstring).
 
     weight uint8 [ceil(N/32), K or ceil(K/2), 32]; scales, zeros float32 [ceil(N/32), G, 32];
-    padded channels have code 0, zero 0 and scale 0.
+    padded channels have code 0, zero 0 and scale 0. ``zero_point`` >= 0: every (unpadded) zero
+    is that code, so the batch-1 and int8-activation kernels take it from a register instead of
+    streaming ``zeros`` (symmetric weights; a padded channel's scale 0 makes its zero moot).
     """
 
     weight: torch.Tensor
@@ -69,6 +71,8 @@ class PackedInt:
     amx: bool = False  # bf16 batches of >= 5 rows run on AMX (any M; no BLAS path)
     a8: bool = False  # every batch: int8 activations, integer dot products (int_linear_a8)
     input_scale: float = 0.0  # a8 with a static activation scale (> 0); 0: per token
+    # >= 0: every zero point is this code (symmetric weights): batch 1 does not stream zeros
+    zero_point: float = -1.0
 
     @property
     def nbytes(self) -> int:
@@ -141,13 +145,16 @@ def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits
     ext = cpu_isa.load_extension() if variant is None else cpu_isa.load_variant(variant)
     if act_int8 and (why := a8_unsupported(k, group, ext)):
         raise LookupError(why)
+    z = zeros.cpu()
+    z0 = z.reshape(-1)[0]
     return PackedInt(
         weight=_tiles(q, n_pad),
         scales=_tiles(scales.cpu().to(torch.float32), n_pad),
-        zeros=_tiles(zeros.cpu().to(torch.float32), n_pad),
+        zeros=_tiles(z.to(torch.float32), n_pad),
         n=n, k=k, group=group, bits=bits, ext=ext,
         amx=amx and ext.int_amx() and (group == k or group % AMX_K == 0),
         a8=act_int8, input_scale=float(input_scale or 0.0),
+        zero_point=float(z0) if bool((z == z0).all()) else -1.0,
     )
 
 
@@ -212,7 +219,8 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     out = torch.empty(m, w.n, dtype=x.dtype)
     if w.a8:
         w.ext.int_linear_a8(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias,
-                            w.input_scale, 0, w.amx)
+                            w.input_scale, 0, w.amx, w.zero_point)
     else:
-        w.ext.int_linear(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias, 0, w.amx)
+        w.ext.int_linear(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias, 0, w.amx,
+                         w.zero_point)
     return out if x2 is x else out.view(*x.shape[:-1], w.n)

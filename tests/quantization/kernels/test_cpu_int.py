@@ -180,6 +180,26 @@ def test_batch1_multi_tile_passes(variant, bits, group):
     assert rel_err(outs[0], reference(x, q, scales, zeros) + bias) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("bits", [8, 4])
+def test_constant_zero_point_is_read_from_a_register(variant, bits):
+    """Symmetric weights (every zero the same code) carry it as ``zero_point``: batch 1 then does
+    not stream ``zeros``, with the same result as when it does; other weights carry none."""
+    n, k = 100, 224
+    q, scales, zeros = make_weight(n, k, 32, bits, sym=True, seed=4)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant)
+    assert packed.zero_point == 1 << (bits - 1)
+    assert cpu_int.prepack_int(*make_weight(n, k, 32, bits, sym=False), bits, variant=variant).zero_point == -1
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    y_reg, y_mem = torch.empty(1, n, dtype=torch.bfloat16), torch.empty(1, n, dtype=torch.bfloat16)
+    packed.ext.int_linear(x=x, out=y_reg, zero_point=packed.zero_point, **packed._kw())
+    packed.ext.int_linear(x=x, out=y_mem, **packed._kw())
+    assert torch.equal(y_reg, y_mem)
+    assert rel_err(y_reg, reference(x, q, scales, zeros)) < TOL[torch.bfloat16]
+    with pytest.raises(ValueError, match="zero_point must be below 2\\^bits"):
+        packed.ext.int_linear(x=x, out=y_reg, zero_point=float(1 << bits), **packed._kw())
+
+
 @pytest.mark.parametrize("isa", [i for i in ("avx512", "avx2", "scalar") if i in cpu_isa.ARCH_ISAS.get(cpu_isa.machine(), ())])
 def test_octavo_cpu_isa_picks_the_variant(isa, monkeypatch):
     runs = cpu_isa.usable_variants(isa)
