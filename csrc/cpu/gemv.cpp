@@ -11,6 +11,9 @@ namespace OCTAVO_ISA_NS {
 namespace {
 
 constexpr int kMaxRows = 4;  // rows of x per pass over the weight (decode batch sizes)
+// 1 KiB ahead in each block's stream (SmolLM2-135M shape, 2 threads, batch 1: the bf16 decoder
+// stack 9.5 -> 8.9 ms per token, the lm_head 2.2 -> 2.0 ms)
+constexpr int64_t kPrefetchElems = 512;
 
 struct GemvJob {
   const GemvArgs* a;
@@ -31,6 +34,7 @@ inline void tile(const GemvArgs& a, int64_t blk0, int64_t r0) {
     for (int g = 0; g < G; ++g) acc[r][g] = zero();
   for (int64_t kp = 0; kp < kp_n; ++kp) {
     for (int g = 0; g < G; ++g) {
+      __builtin_prefetch(w0 + g * bstride + kp * 32 + kPrefetchElems);
       const R w = load_raw(w0 + g * bstride + kp * 32);
       for (int r = 0; r < MR; ++r) {
         uint32_t pair;  // x[2kp] in the low half, x[2kp + 1] in the high half

@@ -89,6 +89,7 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
     for (int64_t k = k0; k < k1; k += 4) {
       for (int t = 0; t < NT; ++t) {
         const uint8_t* wt = wp + t * tile_stride;
+        if (MR == 1) __builtin_prefetch(wt + (BITS == 8 ? k : k / 2) * kQuantTile + kGemvPrefetch);
         __m512i A, B;
         if constexpr (BITS == 8) {
           A = _mm512_loadu_si512(wt + k * kQuantTile);

@@ -168,6 +168,10 @@ static void store_tile(const IntLinearArgs& a, int64_t row, int64_t n0, F y0, F 
 // ------------------------------------------------------------------------------------------
 // batch 1
 
+// Bytes ahead each tile's stream is prefetched: the hardware prefetcher alone left the batch-1
+// kernels ~10-15% short end to end (SmolLM2-135M shape, 2 threads: the INT8 stack 6.7 -> 5.7 ms
+// per token, INT4 g32 5.1 -> 4.7 ms; 2 KiB measured the same).
+constexpr int kGemvPrefetch = 1024;
 // Sum over the k rows [r0, r1) of NT tiles side by side (8-bit: a row per k; 4-bit: a row per
 // pair of k). NT tiles are NT sequential streams: one stream per core leaves the memory system
 // idle between the hardware prefetcher's requests (~half the bandwidth measured), several keep
@@ -184,6 +188,7 @@ static inline void gemv_group(const uint8_t* wp, int64_t tile_stride, const floa
       const F xa = bcast(x[r]), xb = bcast(x[r + 1]);
       for (int t = 0; t < NT; ++t) {
         const uint8_t* p = wp + t * tile_stride;
+        __builtin_prefetch(p + kGemvPrefetch);
         acc[t][0] = fma(codes8(p), xa, acc[t][0]);
         acc[t][1] = fma(codes8(p + 16), xa, acc[t][1]);
         b[t][0] = fma(codes8(p + 32), xb, b[t][0]);
@@ -202,6 +207,7 @@ static inline void gemv_group(const uint8_t* wp, int64_t tile_stride, const floa
       const F xa = bcast(x[2 * r]), xb = bcast(x[2 * r + 1]);
       for (int t = 0; t < NT; ++t) {
         F l0, h0, l1, h1;
+        if (r & 1) __builtin_prefetch(wp + t * tile_stride + kGemvPrefetch);
         codes4(wp + t * tile_stride, l0, h0);
         codes4(wp + t * tile_stride + 16, l1, h1);
         acc[t][0] = fma(l0, xa, acc[t][0]);
