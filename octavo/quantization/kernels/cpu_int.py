@@ -12,9 +12,11 @@ float32 and rounding once to x's dtype: for up to ``GEMM_MAX_ROWS`` rows in the 
 of tiles at a time into a cache-sized buffer in x's dtype (C++) and multiplying each block with
 torch's BLAS (prefill batches are compute-bound, and the BLAS has the better micro-kernel); the
 weight is still read from memory as codes only. Where the CPU has AMX (``PackedInt.amx``), bf16
-batches of 5 rows and more -- any number of them -- run in C++ instead: each thread dequantizes
-its weight tiles once into a cache-resident bf16 buffer and multiplies on the AMX tiles, the
-scales applied per group in fp32 (exact weight-only semantics; ``csrc/cpu/quant_amx.h``).
+batches of 5 rows and more run in C++ instead: each thread dequantizes its weight tiles once
+into a cache-resident bf16 buffer and multiplies on the AMX tiles, the scales applied per group
+in fp32 (exact weight-only semantics; ``csrc/cpu/quant_amx.h``) -- up to
+``DEQUANT_GEMM_MIN_ROWS`` rows; larger (prefill) batches dequantize the whole weight into bf16
+(C++) for torch's GEMM, whose AMX kernel is faster there (bf16 weights, as the BLAS path).
 With ``act_int8`` (``PackedInt.a8``) every batch instead quantizes x per token to int8 and
 multiplies in integers (AVX512-VNNI, ``csrc/cpu/quant_a8.h``; ``torch_ref.int_a8_linear`` is its
 math): W8A8 / W4A8 numerics, for checkpoints whose activations are int8 and for the
@@ -46,6 +48,11 @@ A8_MAX_GROUP = 65536  # int8 activations: int32 sums of 255 * 128 * group stay e
 # int8 activations, bf16 batches above this many rows where the CPU has AMX: the codes through
 # the AMX kernel in C++ (VPDPBUSD's 64 MACs per instruction lose to AMX's tiles at prefill sizes)
 A8_AMX_MIN_ROWS = 8
+# bf16 batches of at least this many rows on an AMX CPU (weight-only): the weight is dequantized
+# whole into bf16 and multiplied by torch's GEMM (oneDNN's AMX kernel), which beats the C++ AMX
+# kernel from about these sizes (SmolLM2-135M shapes, 2 threads: 2048 rows INT8 7.9 -> 6.4 ms
+# per layer, 1024 rows INT4 g32 7.2 -> 4.6 ms; at 64-128 rows the C++ kernel is 2-3x faster)
+DEQUANT_GEMM_MIN_ROWS = {8: 1536, 4: 256}
 
 cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
 
@@ -185,9 +192,17 @@ def _blas_linear(x2: torch.Tensor, packed: PackedInt) -> torch.Tensor:
     return out_t.T
 
 
+def _dequant_gemm(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:
+    """Whether ``int_linear`` dequantizes the whole weight for torch's GEMM (large bf16 batches
+    on an AMX CPU, weight-only: ``DEQUANT_GEMM_MIN_ROWS``)."""
+    return packed.amx and not packed.a8 and dtype == torch.bfloat16 and rows >= DEQUANT_GEMM_MIN_ROWS[packed.bits]
+
+
 def runs_in_kernel(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:
     """Whether ``int_linear`` computes ``rows`` rows of ``dtype`` in one C++ kernel call
-    (``int_linear`` / ``int_linear_a8``), rather than block by block through the BLAS."""
+    (``int_linear`` / ``int_linear_a8``), rather than through torch's BLAS."""
+    if _dequant_gemm(packed, rows, dtype):
+        return False
     return packed.a8 or rows <= GEMM_MAX_ROWS or (packed.amx and dtype == torch.bfloat16)
 
 
@@ -210,6 +225,11 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k).contiguous()
     m = x2.shape[0]
     w = packed
+    if _dequant_gemm(w, m, x2.dtype):
+        wt = torch.empty(k, w.n, dtype=x2.dtype)
+        w.ext.int_dequant(out=wt, **w._kw())
+        y = torch.nn.functional.linear(x2, wt.T, None if bias is None else bias.to(x2.dtype))
+        return y if x2 is x else y.view(*x.shape[:-1], w.n)
     if not runs_in_kernel(w, m, x2.dtype):
         y = _blas_linear(x2, w).contiguous()
         if bias is not None:

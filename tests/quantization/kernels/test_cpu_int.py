@@ -146,6 +146,26 @@ def test_amx_needs_groups_of_32():
         assert rel_err(cpu_int.int_linear(x, packed), reference(x, q, scales, zeros)) < 2e-2
 
 
+@pytest.mark.skipif(not AMX_VARIANTS, reason="no kernel variant runs AMX on this CPU")
+@pytest.mark.parametrize("bits", [8, 4])
+def test_prefill_batches_dequantize_for_the_gemm(bits):
+    """bf16 batches of DEQUANT_GEMM_MIN_ROWS rows and more (AMX CPUs, weight-only): the weight in
+    bf16 through torch's GEMM, close to the reference; fewer rows stay in the C++ kernel."""
+    n, k = 130, 448
+    q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=10)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=AMX_VARIANTS[0])
+    m = cpu_int.DEQUANT_GEMM_MIN_ROWS[bits]
+    assert cpu_int.runs_in_kernel(packed, m - 1, torch.bfloat16)
+    assert not cpu_int.runs_in_kernel(packed, m, torch.bfloat16)
+    x = torch.randn(m + 3, k, generator=torch.Generator().manual_seed(11)).to(torch.bfloat16)
+    bias = torch.randn(n)
+    y = cpu_int.int_linear(x, packed, bias)
+    assert y.shape == (m + 3, n) and y.dtype == torch.bfloat16
+    assert rel_err(y, reference(x, q, scales, zeros, bias)) < 2e-2  # bf16 weights in the GEMM
+    y3 = cpu_int.int_linear(x.view(1, m + 3, k), packed, bias)
+    assert y3.shape == (1, m + 3, n) and torch.equal(y3[0], y)
+
+
 def test_threads_do_not_change_the_result():
     q, scales, zeros = make_weight(1000, 576, 32, 4, sym=True, seed=5)
     packed = cpu_int.prepack_int(q, scales, zeros, 4)
