@@ -483,6 +483,20 @@ struct PagedAttention {
   void pv_amx(const T* const*, int, int, int, int, const uint16_t*, float*, const T*) const {}
 #endif
 
+  // P rounded to bf16 for P.V: stored, and returned as the floats it now holds. With AVX512-BF16
+  // one VCVTNEPS2BF16 (round to nearest even; P is in [0, 1], and its denormals, which
+  // that instruction flushes to zero, are below anything the fp32 sums keep).
+  static inline F store_p_bf16(uint16_t* p, F e) {
+#if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__)
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(e.v);
+    _mm256_storeu_si256((__m256i*)p, h);
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
+#else
+    store_bf16(p, e);
+    return load_bf16(p);
+#endif
+  }
+
   // Rows per AMX row tile for an item of nh heads x hrows rows, or 0: the vector path. A head's
   // last row tile may run past its rows: harmless with one head (the scratch has 16 rows of
   // slack), but it would overwrite the next head's rows, so several heads need whole tiles.
@@ -494,11 +508,21 @@ struct PagedAttention {
 
   // The V tile rows of keys [t0, t0 + 16) with zeros from key nt on (slots past the sequence
   // may hold anything, and a zero P times a NaN there would still poison the tile product).
+  // A tile row holds one key pair ([D][P] values) and t0 is even: whole pairs are one memcpy,
+  // an odd last key keeps its pair row's low halves.
   void amx_v_tail(const T* v, int t0, int nt, T* vz) const {
-    memset(vz, 0, (size_t)16 * D * sizeof(T));
-    for (int t = t0; t < nt; ++t)
-      for (int d = 0; d < D; ++d)
-        vz[(size_t)((t - t0) / P) * D * P + d * P + t % P] = v[(size_t)(t / P) * D * P + d * P + t % P];
+    const size_t row = (size_t)D * P;  // values per key pair
+    const int whole = (nt - t0) / P;
+    size_t done = whole * row;
+    memcpy(vz, v + (size_t)(t0 / P) * row, done * sizeof(T));
+    if ((nt - t0) % P) {
+      const T* src = v + (size_t)(t0 / P + whole) * row;
+      T* dst = vz + done;
+      memset(dst, 0, row * sizeof(T));
+      for (int d = 0; d < D; ++d) dst[(size_t)d * P] = src[(size_t)d * P];
+      done += row;
+    }
+    memset(vz + done, 0, ((size_t)16 * D - done) * sizeof(T));
   }
 
   // ---- one work item: query tile qt of request req, KV heads [h0, h0 + nh) ----
@@ -638,8 +662,7 @@ struct PagedAttention {
         for (int g = 0; g < ngc; ++g) {
           F e = vexp(fma(load(sr + 16 * g), sc, nm));
           if (kDot) {
-            store_bf16(pr + 16 * g, e);
-            e = load_bf16(pr + 16 * g);  // sum what P.V will use
+            e = store_p_bf16(pr + 16 * g, e);  // sum what P.V will use
           } else {
             store(sr + 16 * g, e);
           }
