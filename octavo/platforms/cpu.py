@@ -150,7 +150,8 @@ class CpuPlatform(Platform):
         if getattr(ext, "gemv_amx", lambda: False)():
             return (f"octavo bf16 GEMV ({ext.ISA}{dot}; 2-64 rows on AMX tiles) at decode batch sizes, "
                     "oneDNN with prepacked weights above")
-        return f"octavo bf16 GEMV ({ext.ISA}{dot}) at decode batch sizes, oneDNN with prepacked weights above"
+        rows = "1-64 rows" if ext.BF16_DOT else "1-4 rows"
+        return f"octavo bf16 GEMV ({ext.ISA}{dot}; {rows}) at decode batch sizes, oneDNN with prepacked weights above"
 
     @classmethod
     def describe(cls) -> dict[str, str]:

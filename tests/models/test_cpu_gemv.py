@@ -78,8 +78,10 @@ def test_linear_uses_the_gemv_at_decode_sizes_and_follows_weight_updates(monkeyp
         for m in (1, 4, 16, cfo.GEMV_AMX_MAX_ROWS + 1):
             x = torch.randn(m, 256).to(torch.bfloat16)
             _check(layers.linear(lin, x), x, lin.weight, lin.bias)
-        amx = [torch.Size([16, 256])] if cfo.GEMV_AMX else []  # else 16 rows: oneDNN
-        assert calls == [torch.Size([1, 256]), torch.Size([4, 256]), *amx]  # 65 rows: oneDNN
+        # 16 rows: the GEMV on AMX or VDPBF16PS CPUs, else oneDNN; 65 rows: oneDNN
+        wide = [torch.Size([16, 256])] if cfo.GEMV_AMX or cfo.GEMV_DOT else []
+        assert calls == [torch.Size([1, 256]), torch.Size([4, 256]), *wide]
+        assert cfo.gemv_rows(16, 256) == bool(wide) and not cfo.gemv_rows(cfo.GEMV_AMX_MAX_ROWS + 1, 256)
         lin.weight.mul_(2)  # in place: the packed copy is rebuilt
         x = torch.randn(2, 256).to(torch.bfloat16)
         _check(layers.linear(lin, x), x, lin.weight, lin.bias)
