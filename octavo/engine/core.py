@@ -49,6 +49,7 @@ from octavo.core.scheduler import Scheduler
 from octavo.core.scheduler_output import SchedulerOutput
 from octavo.spec_decode.device_drafts import DEVICE_DRAFT
 from octavo.spec_decode.proposer import make_proposer
+from octavo.utils.gc import freeze_startup_heap, thaw_heap
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ class EngineCore:
                         "step's tokens on the host)")
             self.async_scheduling = False
         self._inflight: tuple | None = None  # (SchedulerOutput, handle) launched, not resulted
+        freeze_startup_heap()
         self.startup_seconds = time.perf_counter() - t0
         mc = config.model_config
         logger.info(
@@ -117,6 +119,7 @@ class EngineCore:
     def shutdown(self) -> None:
         self.structured_outputs.shutdown()
         self.executor.shutdown()
+        thaw_heap()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

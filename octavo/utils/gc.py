@@ -1,4 +1,4 @@
-"""Garbage collection around device-graph capture."""
+"""Garbage collection around device-graph capture, and the engine's long-lived heap."""
 
 from __future__ import annotations
 
@@ -20,3 +20,18 @@ def no_garbage_collection() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+def freeze_startup_heap() -> None:
+    """Collect once, then move every object alive now (the model, its kernels' plans, the
+    tokenizer, the engine) out of the collector's view: full collections during serving then
+    walk only what requests create. vLLM's engine core does the same after startup; a full
+    collection over a loaded model otherwise costs milliseconds several times a second.
+    ``thaw_heap`` (at shutdown) hands them back, so an engine built and dropped in a longer
+    process (tests, notebooks) is still collected."""
+    gc.collect()
+    gc.freeze()
+
+
+def thaw_heap() -> None:
+    gc.unfreeze()
