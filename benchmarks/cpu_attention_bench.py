@@ -6,6 +6,9 @@ context with the Llama-3-8B head configuration (32 query heads, 8 KV heads, head
 bf16, block size 16. Everything is timed in this process on the same batch; the JSON carries
 the times (median, min, max over repeats) and the ratios ``torch_ref / cpu_paged``.
 
+``--query-len N`` gives every sequence N query tokens after its context (``--context 0
+--query-len 200``: prompts' prefill, causal); the report adds GFLOP/s of Q.K^T and P.V.
+
 Extra sweeps, all on the same batch:
   --variants   every ISA variant this CPU runs (avx512_bf16, avx512, avx2, scalar, ...)
   --block-sizes 16,32,64,128
@@ -34,21 +37,24 @@ from octavo.attention.backend import CommonAttentionMetadata  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def make_decode_batch(num_seqs, context, heads, kv_heads, head_size, block_size, dtype, seed=0):
-    """Decode batch: every sequence has ``context`` cached tokens and 1 new query token."""
+def make_decode_batch(num_seqs, context, heads, kv_heads, head_size, block_size, dtype, seed=0, query_len=1):
+    """Every sequence has ``context`` cached tokens and ``query_len`` new query tokens (1: a
+    decode batch; ``context`` 0: prompts' prefill)."""
     import numpy as np
 
     g = torch.Generator().manual_seed(seed)
     rng = np.random.default_rng(seed)
-    seq_len = context + 1
+    seq_len = context + query_len
     blocks_per = -(-seq_len // block_size)
     num_blocks = 1 + num_seqs * blocks_per
     perm = rng.permutation(np.arange(1, num_blocks)).astype(np.int32)
     block_table = perm.reshape(num_seqs, blocks_per)
-    pos = np.full(num_seqs, context)
-    slots = block_table[np.arange(num_seqs), pos // block_size].astype(np.int64) * block_size + pos % block_size
-    qsl = np.arange(num_seqs + 1, dtype=np.int64)
+    pos = (context + np.arange(query_len))[None, :].repeat(num_seqs, 0)
+    rows = np.arange(num_seqs)[:, None]
+    slots = (block_table[rows, pos // block_size].astype(np.int64) * block_size + pos % block_size).reshape(-1)
+    qsl = np.arange(num_seqs + 1, dtype=np.int64) * query_len
     seq_lens = np.full(num_seqs, seq_len, dtype=np.int64)
+    n = num_seqs * query_len
 
     def rand(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
@@ -61,14 +67,14 @@ def make_decode_batch(num_seqs, context, heads, kv_heads, head_size, block_size,
         query_start_loc_cpu=qsl,
         seq_lens_cpu=seq_lens,
         num_reqs=num_seqs,
-        num_actual_tokens=num_seqs,
-        max_query_len=1,
+        num_actual_tokens=n,
+        max_query_len=query_len,
         max_seq_len=seq_len,
         block_size=block_size,
     )
-    q = rand(num_seqs, heads, head_size)
-    k = rand(num_seqs, kv_heads, head_size)
-    v = rand(num_seqs, kv_heads, head_size)
+    q = rand(n, heads, head_size)
+    k = rand(n, kv_heads, head_size)
+    v = rand(n, kv_heads, head_size)
     ref_cache = rand(2, num_blocks, block_size, kv_heads, head_size)
     return q, k, v, ref_cache, md
 
@@ -93,6 +99,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--num-seqs", type=int, default=32)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--query-len", type=int, default=1, help="query tokens per sequence (> 1: prefill)")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-size", type=int, default=128)
@@ -125,8 +132,8 @@ def main() -> int:
     block_sizes = [int(b) for b in args.block_sizes.split(",")] if args.block_sizes else [args.block_size]
 
     result = {
-        "benchmark": "cpu_paged_attention_decode",
-        "case": {"num_seqs": args.num_seqs, "context": args.context, "heads": H, "kv_heads": Hk,
+        "benchmark": "cpu_paged_attention_decode" if args.query_len == 1 else "cpu_paged_attention_prefill",
+        "case": {"num_seqs": args.num_seqs, "context": args.context, "query_len": args.query_len, "heads": H, "kv_heads": Hk,
                  "head_size": D, "dtype": args.dtype},
         "threads": torch.get_num_threads(),
         "machine": {"cpu": cpu_isa.cpu_features(), "arch": platform.machine(), "nproc": os.cpu_count()},
@@ -135,10 +142,14 @@ def main() -> int:
     }
     print(f"[attn] {args.num_seqs} seqs x {args.context} ctx, H={H} Hk={Hk} D={D} {args.dtype}, "
           f"threads={torch.get_num_threads()}, default variant {default_variant}", flush=True)
-    kv_bytes = args.num_seqs * (args.context + 1) * Hk * D * 2 * torch.empty((), dtype=dtype).element_size()
+    ql, ctx = args.query_len, args.context
+    kv_bytes = args.num_seqs * (ctx + ql) * Hk * D * 2 * torch.empty((), dtype=dtype).element_size()
+    # Q.K^T and P.V over the keys each query token sees (causal within its chunk)
+    flops = 4 * args.num_seqs * H * D * (ql * ctx + ql * (ql + 1) / 2)
 
     for bs in block_sizes:
-        q, k, v, ref_cache, md = make_decode_batch(args.num_seqs, args.context, H, Hk, D, bs, dtype)
+        q, k, v, ref_cache, md = make_decode_batch(args.num_seqs, args.context, H, Hk, D, bs, dtype,
+                                                   query_len=args.query_len)
         ref = None
         if not args.no_ref:
             cache_r = ref_cache.clone()
@@ -164,14 +175,16 @@ def main() -> int:
 
             t = timeit(run, args.repeats)
             entry = {"impl": "cpu_paged", "variant": variant, "block_size": bs, **t,
-                     "kv_read_GBps": kv_bytes / (t["median_ms"] * 1e-3) / 1e9}
+                     "kv_read_GBps": kv_bytes / (t["median_ms"] * 1e-3) / 1e9,
+                     "GFLOPs": flops / (t["median_ms"] * 1e-3) / 1e9}
             if ref is not None:
                 err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm())
                 entry.update(speedup_vs_torch_ref=ref["median_ms"] / t["median_ms"], rel_err=err)
             result["runs"].append(entry)
             sp = f", {entry['speedup_vs_torch_ref']:.0f}x torch_ref, err {entry['rel_err']:.1e}" if ref else ""
             print(f"[attn] bs={bs} {variant:>12}: {t['median_ms']:.3f} ms "
-                  f"[{t['min_ms']:.3f}-{t['max_ms']:.3f}], {entry['kv_read_GBps']:.1f} GB/s{sp}", flush=True)
+                  f"[{t['min_ms']:.3f}-{t['max_ms']:.3f}], {entry['kv_read_GBps']:.1f} GB/s, "
+                  f"{entry['GFLOPs']:.0f} GFLOP/s{sp}", flush=True)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=2)
