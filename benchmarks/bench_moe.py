@@ -9,6 +9,7 @@ beside a baseline measured in the same run.
     python benchmarks/bench_moe.py all --shape tiny_moe       # dry run on a CPU (small shape)
     python benchmarks/bench_moe.py decode --out d.json        # gemv --tune + octavo batch 1 only
     python benchmarks/bench_moe.py gemv [--tune]              # per-pair GEMV vs grouped, 1-16 tokens
+    python benchmarks/bench_moe.py profile                    # batch-1 step: fusions on/off, kernel by kernel
 
 The model is a ``config.json`` written here (no download): octavo loads it with
 ``load_format="dummy"``, HF with ``from_config``. Each engine runs in its own process.
@@ -315,7 +316,9 @@ def cmd_octavo(args) -> dict:
     from octavo.models.moe.summary import moe_cost
 
     prompt_len, out_len, num_reqs = _sizes(args)
-    r: dict = {"bench": "octavo_moe", "shape": args.shape}
+    r: dict = {"bench": "octavo_moe", "shape": args.shape, "unfused": args.unfused}
+    if args.unfused:
+        _set_fusions(*FUSION_VARIANTS["unfused"])
     if _cuda():
         r["bandwidth_Bps"] = bench_cuda.cmd_bandwidth(args)["bandwidth_Bps"]
         torch.cuda.empty_cache()
@@ -376,6 +379,116 @@ def _gemv_on_off(llm) -> dict:
     else:
         os.environ["OCTAVO_MOE_GEMV_MAX_PAIRS"] = old
     return res
+
+
+# -- kernel-by-kernel profile of the batch-1 decode step ----------------------------------
+def _kernel_table(prof, steps_seen: int) -> list[dict]:
+    """Per kernel name: launches and device microseconds per step, largest first."""
+    import torch
+
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name[:90], [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    return [{"name": n, "per_step": c / steps_seen, "us_per_step": t / steps_seen} for n, (c, t) in rows]
+
+
+# The fusions of the batch-1 decode step, each switchable for same-run comparisons:
+# variant name -> (fused q/k norm + RoPE, fused router GEMV + routing).
+FUSION_VARIANTS = {"unfused": (False, False), "qk_norm_rope": (True, False), "router": (False, True),
+                   "fused": (True, True)}
+
+
+def _set_fusions(qk_norm_rope: bool, router: bool) -> None:
+    from octavo.models import fused_ops
+    from octavo.models.moe.kernels import triton_grouped
+
+    fused_ops.QK_NORM_ROPE_ENABLED = qk_norm_rope
+    triton_grouped.FUSED_ROUTER = router
+
+
+def _profile_step(llm, gr, steps: int = 20) -> dict:
+    """Kernel table of ``steps`` device steps replayed from ``gr``."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        bench_cuda._device_step_time(llm, iters=steps, gr=gr)
+    table = _kernel_table(prof, steps + 5)  # _device_step_time runs 5 warm-up steps
+    return {"kernels_per_step": sum(k["per_step"] for k in table),
+            "kernel_us_per_step": sum(k["us_per_step"] for k in table), "kernels": table[:40]}
+
+
+def _tpot_unfused_fused(llm, graphs: dict, vocab: int, reps: int) -> dict:
+    """Batch-1 TPOT (``bench_cuda._decode_step_time``: 512-token prompts, 256 tokens) with the
+    engine's size-1 graph swapped for the unfused and the fused variant's, interleaved."""
+    runner, out = llm.llm_engine.core.runner, {}
+    own = runner.graph_runner
+    samples: dict = {"unfused": [], "fused": []}
+    for rep in range(reps):
+        for name in samples:
+            _set_fusions(*FUSION_VARIANTS[name])  # eager steps (the prompts) follow the graph
+            runner.graph_runner = graphs[name]
+            t, _ = _decode_step_time(llm, 1, vocab, 1000 + 10 * rep, bench_cuda.OUTPUT_LEN, reps=1)
+            samples[name].append(t)
+    runner.graph_runner = own
+    _set_fusions(*FUSION_VARIANTS["fused"])
+    for name, ts in samples.items():
+        out[f"tpot_b1_{name}_s"], out[f"tpot_b1_{name}_samples"] = statistics.median(ts), ts
+        log(f"{name}: batch-1 TPOT {out[f'tpot_b1_{name}_s'] * 1e3:.3f} ms")
+    return out
+
+
+def cmd_profile(args) -> dict:
+    """Batch-1 decode step (graph replay + logits + argmax over a 767-token context,
+    ``bench_cuda._device_step_time``) of every ``FUSION_VARIANTS`` entry, each in a freshly
+    captured size-1 graph of one engine, in interleaved rounds; batch-1 TPOT unfused and fused;
+    the unfused and fused steps kernel by kernel under torch.profiler; the active-weight
+    roofline at this run's copy bandwidth."""
+    import torch
+
+    from octavo import LLM
+    from octavo.models.moe.summary import moe_cost
+    from octavo.worker.cuda_graph import GraphRunner
+
+    r: dict = {"bench": "moe_profile", "shape": args.shape,
+               "bandwidth_Bps": bench_cuda.cmd_bandwidth(args)["bandwidth_Bps"]}
+    torch.cuda.empty_cache()
+    model_dir = bench_cuda.write_model_dir(args.shape, Path(args.model_root))
+    vocab = SHAPES[args.shape]["vocab_size"]
+    llm = LLM(str(model_dir), load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=4,
+              max_num_batched_tokens=8192, enable_prefix_caching=False, gpu_memory_utilization=0.85)
+    _timed_generate(llm, random_prompts(1, 512, vocab, 98), 8)
+    cost = moe_cost(llm.llm_engine.config.model_config.hf_config)
+    r["roofline_active_s"] = cost.active_params * 2 / r["bandwidth_Bps"]
+    graphs = {}
+    for name, flags in FUSION_VARIANTS.items():
+        _set_fusions(*flags)
+        graphs[name] = GraphRunner(llm.llm_engine.core.runner, [1])
+        graphs[name].capture()
+    _set_fusions(*FUSION_VARIANTS["fused"])
+    samples: dict = {name: [] for name in graphs}
+    for _ in range(args.reps + 2):  # interleaved rounds: drift hits every variant alike
+        for name, gr in graphs.items():
+            samples[name].append(bench_cuda._device_step_time(llm, iters=100, gr=gr))
+    for name, ts in samples.items():
+        r[f"device_step_{name}_s"] = statistics.median(ts)
+        r[f"device_step_{name}_vs_roofline"] = r[f"device_step_{name}_s"] / r["roofline_active_s"]
+        log(f"{name}: device step {r[f'device_step_{name}_s'] * 1e6:.0f} us = "
+            f"{r[f'device_step_{name}_vs_roofline']:.2f}x active roofline ({r['roofline_active_s'] * 1e6:.0f} us)")
+    result(r)  # partial: the step times survive a timeout below
+    r.update(_tpot_unfused_fused(llm, graphs, vocab, args.reps))
+    result(r)
+    for name in ("unfused", "fused"):
+        r[f"profile_{name}"] = p = _profile_step(llm, graphs[name])
+        log(f"{name}: kernels {p['kernels_per_step']:.0f}/step summing {p['kernel_us_per_step']:.0f} us")
+        for k in p["kernels"]:
+            log(f"{k['us_per_step']:9.1f} us  x{k['per_step']:5.1f}  {k['name']}")
+    llm.shutdown()
+    result(r)
+    return r
 
 
 # -- HF transformers ----------------------------------------------------------------------
@@ -528,7 +641,7 @@ def summarize(res: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("kernel", "gemv", "octavo", "hf", "all", "decode"):
+    for name in ("kernel", "gemv", "octavo", "hf", "all", "decode", "profile"):
         p = sub.add_parser(name)
         p.add_argument("--shape", default="qwen3_30b_a3b", choices=sorted(SHAPES))
         p.add_argument("--model-root", default=os.path.join(tempfile.gettempdir(), "octavo_bench_models"))
@@ -536,6 +649,8 @@ def main() -> None:
         p.add_argument("--enforce-eager", action="store_true")
         p.add_argument("--tune", action="store_true", help="sweep tile configs (grouped GEMM / GEMV)")
         p.add_argument("--skip-throughput", action="store_true", help="octavo: batch 1 only (4 sequences)")
+        p.add_argument("--unfused", action="store_true",
+                       help="octavo: without the step's fusions (FUSION_VARIANTS['unfused'])")
         if name in ("all", "decode"):
             p.add_argument("--out", default="bench_moe.json")
             p.add_argument("--kernel-timeout", type=float, default=60)
@@ -546,7 +661,8 @@ def main() -> None:
         from octavo.logger import configure_logging
 
         configure_logging()  # startup lines: MoE kernel and placement, memory profile, graphs
-    cmds = {"kernel": cmd_kernel, "gemv": cmd_gemv, "octavo": cmd_octavo, "hf": cmd_hf, "all": cmd_all, "decode": cmd_all}
+    cmds = {"kernel": cmd_kernel, "gemv": cmd_gemv, "octavo": cmd_octavo, "hf": cmd_hf, "all": cmd_all, "decode": cmd_all,
+            "profile": cmd_profile}
     cmds[args.cmd](args)
 
 

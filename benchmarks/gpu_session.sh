@@ -8,7 +8,9 @@
 #    async_llama8b: batch-1 TPOT with async scheduling on vs off, bandwidth in the same process;
 #    pytest_moe, moe: the mixture-of-experts GPU tests and the Qwen3-30B-A3B-shape benchmark;
 #    moe_decode, pytest_moe_gemv: the experts' small-batch GEMV path against the grouped GEMM at
-#    1-16 tokens, batch-1 TPOT and device step with it on/off, then its GPU tests)
+#    1-16 tokens, batch-1 TPOT and device step with it on/off, then its GPU tests;
+#    moe_profile, pytest_moe_fusions: the batch-1 step's fusions on/off (device step, TPOT,
+#    kernel by kernel), then the GPU tests of the fused kernels and the MoE models)
 set -u
 OUT=${OUT:-/tmp/octavo-gpu-session}
 mkdir -p "$OUT"
@@ -60,6 +62,8 @@ step_pytest_moe() { run 120 pytest_moe.log python3 -m pytest -m cuda -n 8 -q -p 
 step_moe_decode() { run 150 bench_moe.txt python3 benchmarks/bench_moe.py decode --out "$OUT/bench_moe_decode.json" --kernel-timeout 55 --timeout 95; }
 step_pytest_moe_gemv() { run 90 pytest_moe.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rfE tests/models/moe/test_triton_gemv.py tests/models/test_llama_moe.py; }
 step_moe() { run 245 bench_moe.txt python3 benchmarks/bench_moe.py all --out "$OUT/bench_moe.json" --kernel-timeout 40 --timeout 115 --hf-timeout 85; }
+step_moe_profile() { run 240 bench_moe_profile.txt python3 benchmarks/bench_moe.py profile; }
+step_pytest_moe_fusions() { run 150 pytest_moe.log python3 -m pytest -m cuda -n 8 -q -p no:cacheprovider -rfE tests/models/test_fused_ops.py tests/models/moe/test_triton_router.py tests/models/moe/test_triton_gemv.py tests/models/test_llama_moe.py; }
 
 STEPS=${*:-env pytest_kernels octavo_llama8b hf_llama8b pytest_engine octavo_qwen05b hf_qwen05b kernels hfbatch_llama8b hfbatch_qwen05b}
 for s in $STEPS; do "step_$s"; done
@@ -71,4 +75,5 @@ fi
 [ -f "$OUT/pytest.log" ] && grep -E "passed|failed|error" "$OUT/pytest.log" | tail -5
 [ -f "$OUT/pytest_moe.log" ] && grep -E "passed|failed|error" "$OUT/pytest_moe.log" | tail -3
 [ -f "$OUT/bench_moe.txt" ] && grep -E "^\[(kernel|gemv|octavo)" "$OUT/bench_moe.txt"
+[ -f "$OUT/bench_moe_profile.txt" ] && grep -E "device step|TPOT|kernels [0-9]|us  x|rc=" "$OUT/bench_moe_profile.txt" | head -100
 [ -f "$OUT/nox.log" ] && grep -E "passed|failed|error|Session|rc=" "$OUT/nox.log" | tail -8

@@ -14,6 +14,8 @@ GEMV tilings (``octavo.quantization.kernels.triton_gemv``) and keeps the GEMV on
 the table's tiling without timing ("table"). ``linear_usable`` then answers
 per call from that choice; captured decode graphs record whichever kernel was chosen. Set
 ``GEMV_ENABLED = False`` to compare against cuBLAS (recapture the graphs after flipping it).
+
+Qwen3's q/k norms and RoPE: ``qk_norm_rope``, one launch for the three ops.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import triton.language as tl
 ENABLED = True
 GEMV_ENABLED = True
 GEMV_MAX_ROWS = 8
+QK_NORM_ROPE_ENABLED = True  # False: Qwen3's q/k norms and RoPE as three launches (comparisons)
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 logger = logging.getLogger(__name__)
@@ -265,6 +268,71 @@ def rope(positions, q, k, cos, sin):
             q, k, cos, sin, positions, qo, ko,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
             cos.stride(0),
+            NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
+            HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2),
+            num_warps=4,
+        )
+    return qo, ko
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, ko_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_kot, stride_cos, eps,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    HP: tl.constexpr, DP: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, HP)
+    offs_d = tl.arange(0, DP)
+    d_ok = offs_d < HALF
+    c1 = tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    c2 = tl.load(cos_ptr + pos * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    s1 = tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    s2 = tl.load(sin_ptr + pos * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    for which in tl.static_range(2):
+        if which == 0:
+            src, dst, w_ptr, st, sh, so, nh = q_ptr, qo_ptr, qw_ptr, stride_qt, stride_qh, stride_qot, NUM_Q_HEADS
+        else:
+            src, dst, w_ptr, st, sh, so, nh = k_ptr, ko_ptr, kw_ptr, stride_kt, stride_kh, stride_kot, NUM_K_HEADS
+        mask = (offs_h[:, None] < nh) & d_ok[None, :]
+        p1 = src + t * st + offs_h[:, None] * sh + offs_d[None, :]
+        x1 = tl.load(p1, mask=mask, other=0.0)
+        x2 = tl.load(p1 + HALF, mask=mask, other=0.0)
+        dt = x1.dtype
+        f1 = x1.to(tl.float32)
+        f2 = x2.to(tl.float32)
+        # RMSNorm of every head (as _rms_norm_kernel rounds), then RoPE (as _rope_kernel rounds).
+        r = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        n1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        n2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        y1 = ((n1 * c1[None, :]).to(dt).to(tl.float32) + (-n2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
+        y2 = ((n2 * c2[None, :]).to(dt).to(tl.float32) + (n1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
+        o1 = dst + t * so + offs_h[:, None] * (HALF * 2) + offs_d[None, :]
+        tl.store(o1, y1, mask=mask)
+        tl.store(o1 + HALF, y2, mask=mask)
+
+
+def qk_norm_rope(positions, q, k, q_weight, k_weight, eps: float, cos, sin):
+    """Qwen3's per-head RMSNorm of ``q`` [T, H, D] and ``k`` [T, Hk, D] (weights [D], one
+    ``eps``), then neox RoPE of the whole head, in one launch: ``rope(positions,
+    rms_norm(q), rms_norm(k))`` with the same roundings. Returns new contiguous tensors.
+    The weights must have the activations' dtype (the norm's output dtype is then theirs)."""
+    t, h, d = q.shape
+    hk = k.shape[1]
+    if q_weight.dtype != q.dtype or k_weight.dtype != k.dtype or d % 2:
+        raise ValueError(f"qk_norm_rope: {q.dtype} heads of size {d} with {q_weight.dtype} norm weights")
+    qo = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
+    if t:
+        assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1
+        _qk_norm_rope_kernel[(t,)](
+            q, k, q_weight, k_weight, cos, sin, positions, qo, ko,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
+            cos.stride(0), eps,
             NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
             HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2),
             num_warps=4,

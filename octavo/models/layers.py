@@ -238,3 +238,18 @@ class RotaryEmbedding(nn.Module):
         cos = cos_t[rows].unsqueeze(1)
         sin = sin_t[rows].unsqueeze(1)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    def forward_qk_normed(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
+    ):
+        """``forward(positions, q_norm(q), k_norm(k))`` (Qwen3's per-head q/k norms): one fused
+        launch where the bound kernels have it and the whole head rotates, else the three ops."""
+        ops = _use_fused(fused_ops_of(self), q)
+        fused = getattr(ops, "qk_norm_rope", None) if getattr(ops, "QK_NORM_ROPE_ENABLED", False) else None
+        if (
+            fused is not None and q_norm.eps == k_norm.eps and self.cos.shape[-1] == q.shape[-1]
+            and q_norm.weight.dtype == q.dtype and k_norm.weight.dtype == k.dtype
+        ):
+            cos_t, sin_t, rows = self._tables(positions)
+            return fused(rows, q, k, q_norm.weight, k_norm.weight, q_norm.eps, cos_t, sin_t)
+        return self(positions, q_norm(q), k_norm(k))

@@ -78,12 +78,13 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # The router stays in plain torch: its logits decide the top-k, so they are computed
-        # exactly as transformers computes them.
-        logits = F.linear(hidden, self.gate.weight)
+        # The router's logits decide the top-k: plain torch computes them as transformers does,
+        # or, at few tokens, the expert kernel's fused router GEMV (same float32 products and
+        # rounding; only the summation order differs).
         se = self.shared_expert
         if se is None:
-            return self.experts(hidden, logits)
+            return self.experts.forward_from_router(hidden, self.gate.weight)
+        logits = F.linear(hidden, self.gate.weight)
         gate = torch.sigmoid(F.linear(hidden, self.shared_expert_gate.weight))
         tp = self.experts.tp
         if tp.world_size == 1 or se.down_proj.bias is not None:

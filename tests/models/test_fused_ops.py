@@ -64,6 +64,12 @@ def _check_all(device, dtype, tokens=5, hidden=96, heads=3, kv_heads=1, head_dim
     torch.testing.assert_close(fq, eq, **tol)
     torch.testing.assert_close(fk, ek, **tol)
 
+    qw, kw = rnd(head_dim), rnd(head_dim)
+    nq, nk = fused_ops.qk_norm_rope(pos, q, k, qw, kw, 1e-6, rope.cos, rope.sin)
+    q2, k2 = _eager_norm(q, qw, 1e-6), _eager_norm(k, kw, 1e-6)
+    torch.testing.assert_close(nq, q2 * cos + layers.rotate_half(q2) * sin, **tol)
+    torch.testing.assert_close(nk, k2 * cos + layers.rotate_half(k2) * sin, **tol)
+
 
 @pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
 def test_fused_ops_interpreted():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from octavo.distributed.parallel_state import expert_parallel_enabled, get_tp
@@ -34,6 +35,9 @@ from octavo.models.moe.router import to_local_ids
 logger = logging.getLogger(__name__)
 
 _LOGGED: set[tuple[str, str]] = set()
+
+# Tokens per launch a kernel may route with the router GEMV fused (``ExpertsKernel.route_hidden``).
+ROUTE_COUNTERS = 64
 
 
 def make_kernel(dtype: torch.dtype) -> ExpertsKernel:
@@ -94,6 +98,8 @@ class FusedMoE(nn.Module):
         self.w13_weight.weight_loader = self._load_w13  # type: ignore[attr-defined]
         self.w2_weight.weight_loader = self._load_w2  # type: ignore[attr-defined]
         self.kernel = make_kernel(dtype)
+        # Zero between launches: the arrival counters of a fused router GEMV + routing.
+        self.register_buffer("route_counters", torch.zeros(ROUTE_COUNTERS, dtype=torch.int32), persistent=False)
 
     def describe(self) -> str:
         """Placement on this rank and the kernel, e.g. for ``octavo info`` and startup logs."""
@@ -162,6 +168,18 @@ class FusedMoE(nn.Module):
             router_logits, self.top_k, self.renormalize, self.expert_start, self.num_local_experts
         )
         out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, weights, ids)
+        return self.tp.all_reduce(out) if reduce and self.tp.world_size > 1 else out
+
+    def forward_from_router(self, hidden: torch.Tensor, router_weight: torch.Tensor, reduce: bool = True) -> torch.Tensor:
+        """``forward(hidden, F.linear(hidden, router_weight), reduce)``; a kernel that fuses the
+        router GEMV into its routing for this batch (``route_hidden``) gets the weight instead."""
+        routed = self.kernel.route_hidden(
+            hidden, router_weight, self.top_k, self.renormalize, self.expert_start, self.num_local_experts,
+            self.route_counters,
+        )
+        if routed is None:
+            return self.forward(hidden, F.linear(hidden, router_weight), reduce)
+        out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, *routed)
         return self.tp.all_reduce(out) if reduce and self.tp.world_size > 1 else out
 
     def activation_bytes(self, num_tokens: int) -> int:

@@ -36,6 +36,15 @@ class ExpertsKernel:
         weights, ids = select_experts(router_logits, top_k, renormalize)
         return weights, to_local_ids(ids, expert_start, num_local, router_logits.shape[-1])
 
+    def route_hidden(
+        self, x: torch.Tensor, router_weight: torch.Tensor, top_k: int, renormalize: bool,
+        expert_start: int, num_local: int, counters: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``route(F.linear(x, router_weight), ...)`` where this kernel fuses the router GEMV
+        into its routing for this batch; None where it does not (the caller then computes the
+        logits and calls ``route``). ``counters``: the layer's zeroed int32 scratch."""
+        return None
+
     def apply(
         self,
         x: torch.Tensor,

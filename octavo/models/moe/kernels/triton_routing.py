@@ -23,14 +23,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _route_kernel(
-    logits_ptr, weights_ptr, ids_ptr, stride_l, num_experts, expert_start, num_local,
+def _select_store(
+    logit, offs, mask, weights_ptr, ids_ptr, row, expert_start, num_local,
     TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, E_PAD)
-    mask = offs < num_experts
-    logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    """Softmax over one token's ``logit`` [E_PAD] (float32, -inf outside ``mask``), top-k,
+    optional renormalisation, local ids; stores the token's k weights and ids."""
     p = tl.exp(logit - tl.max(logit, axis=0))
     p = p / tl.sum(p, axis=0)
     p = tl.where(mask, p, -1.0)
@@ -50,6 +48,19 @@ def _route_kernel(
     kmask = kk < TOP_K
     tl.store(weights_ptr + row * TOP_K + kk, w, mask=kmask)
     tl.store(ids_ptr + row * TOP_K + kk, local, mask=kmask)
+
+
+@triton.jit
+def _route_kernel(
+    logits_ptr, weights_ptr, ids_ptr, stride_l, num_experts, expert_start, num_local,
+    TOP_K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr, RENORM: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, E_PAD)
+    mask = offs < num_experts
+    logit = tl.load(logits_ptr + row * stride_l + offs, mask=mask, other=-float("inf")).to(tl.float32)
+    _select_store(logit, offs, mask, weights_ptr, ids_ptr, row, expert_start, num_local,
+                  TOP_K, K_PAD, E_PAD, RENORM)
 
 
 def route(
