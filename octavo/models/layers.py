@@ -243,11 +243,14 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
     ):
         """``forward(positions, q_norm(q), k_norm(k))`` (Qwen3's per-head q/k norms): one fused
-        launch where the bound kernels have it and the whole head rotates, else the three ops."""
+        launch where the bound kernels have it, both norms are this module's ``RMSNorm`` (``x /
+        rms(x) * w``; not a subclass or another norm such as Gemma's ``* (1 + w)``) and the whole
+        head rotates, else the three ops."""
         ops = _use_fused(fused_ops_of(self), q)
         fused = getattr(ops, "qk_norm_rope", None) if getattr(ops, "QK_NORM_ROPE_ENABLED", False) else None
         if (
-            fused is not None and q_norm.eps == k_norm.eps and self.cos.shape[-1] == q.shape[-1]
+            fused is not None and type(q_norm) is RMSNorm and type(k_norm) is RMSNorm
+            and q_norm.eps == k_norm.eps and self.cos.shape[-1] == q.shape[-1]
             and q_norm.weight.dtype == q.dtype and k_norm.weight.dtype == k.dtype
         ):
             cos_t, sin_t, rows = self._tables(positions)

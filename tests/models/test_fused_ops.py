@@ -76,6 +76,45 @@ def test_fused_ops_interpreted():
     _check_all("cpu", torch.float32)
 
 
+def _check_qk_normed_rope(device, dtype, tokens=3, heads=4, kv_heads=2, head_dim=32):
+    """``RotaryEmbedding.forward_qk_normed`` with the Triton kernels bound equals the three eager
+    ops for Qwen3's ``RMSNorm`` (fused) and for Gemma's ``(1 + w)`` norm (must not be fused)."""
+    from octavo.models import fused_ops, layers
+    from octavo.models.gemma import GemmaRMSNorm
+
+    g = torch.Generator().manual_seed(1)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(dtype).to(device)
+
+    bound = layers.RotaryEmbedding(_Cfg(), head_dim, 64, dtype).to(device)
+    bound.fused_ops = fused_ops
+    eager = layers.RotaryEmbedding(_Cfg(), head_dim, 64, dtype).to(device)
+    q, k = rnd(tokens, heads, head_dim), rnd(tokens, kv_heads, head_dim)
+    pos = torch.tensor([0, 7, 63][:tokens], device=device)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    for norm_cls in (layers.RMSNorm, GemmaRMSNorm):
+        qn, kn = norm_cls(head_dim, 1e-6), norm_cls(head_dim, 1e-6)
+        for n in (qn, kn):
+            n.to(device=device, dtype=dtype).weight.data.copy_(rnd(head_dim))
+        got = bound.forward_qk_normed(pos, q, k, qn, kn)
+        want = eager(pos, qn(q), kn(k))
+        torch.testing.assert_close(got[0], want[0], **tol)
+        torch.testing.assert_close(got[1], want[1], **tol)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_qk_normed_rope_fuses_only_plain_rmsnorm_interpreted():
+    _check_qk_normed_rope("cpu", torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_qk_normed_rope_fuses_only_plain_rmsnorm_gpu(dtype):
+    _check_qk_normed_rope("cuda", dtype)
+
+
 def test_platforms_bind_triton_only_on_gpus():
     """CPU models never reach Triton (the fp32 HF-equivalence path stays pure torch)."""
     from octavo.platforms.cpu import CpuPlatform
