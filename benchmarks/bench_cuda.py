@@ -233,6 +233,20 @@ def _decode_step_time(llm, batch, vocab, seed, out_tokens, reps=3):
     return statistics.median(samples), samples
 
 
+def kernel_table(prof, steps_seen: int) -> list[dict]:
+    """Per kernel name: launches and device microseconds per step, largest first."""
+    import torch
+
+    kernels: dict = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = kernels.setdefault(e.name[:90], [0, 0.0])
+            k[0] += 1
+            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
+    return [{"name": n, "per_step": c / steps_seen, "us_per_step": t / steps_seen} for n, (c, t) in rows]
+
+
 def _device_step_time(llm, iters=50, gr=None) -> float | None:
     """Pure device time of one batch-1 decode step: graph replay + logits + argmax."""
     import torch

@@ -294,17 +294,10 @@ def cmd_profile(args) -> dict:
     steps = 20
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         bc._device_step_time(llm, iters=steps)
-    kernels: dict = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels.setdefault(e.name[:90], [0, 0.0])
-            k[0] += 1
-            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    steps_seen = steps + 5
-    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
-    r["kernels_per_step"] = sum(v[0] for v in kernels.values()) / steps_seen
-    r["kernel_us_per_step"] = sum(v[1] for v in kernels.values()) / steps_seen
-    r["kernels"] = [{"name": n, "per_step": c / steps_seen, "us_per_step": t / steps_seen} for n, (c, t) in rows[:40]]
+    table = bc.kernel_table(prof, steps + 5)
+    r["kernels_per_step"] = sum(k["per_step"] for k in table)
+    r["kernel_us_per_step"] = sum(k["us_per_step"] for k in table)
+    r["kernels"] = table[:40]
     log(f"step {r['device_step_b1_gemv_on_s'] * 1e6:.0f} us; kernels {r['kernels_per_step']:.0f}/step "
         f"summing {r['kernel_us_per_step']:.0f} us")
     for k in r["kernels"]:

@@ -382,20 +382,6 @@ def _gemv_on_off(llm) -> dict:
 
 
 # -- kernel-by-kernel profile of the batch-1 decode step ----------------------------------
-def _kernel_table(prof, steps_seen: int) -> list[dict]:
-    """Per kernel name: launches and device microseconds per step, largest first."""
-    import torch
-
-    kernels: dict = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = kernels.setdefault(e.name[:90], [0, 0.0])
-            k[0] += 1
-            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    rows = sorted(kernels.items(), key=lambda kv: -kv[1][1])
-    return [{"name": n, "per_step": c / steps_seen, "us_per_step": t / steps_seen} for n, (c, t) in rows]
-
-
 # The fusions of the batch-1 decode step, each switchable for same-run comparisons:
 # variant name -> (fused q/k norm + RoPE, fused router GEMV + routing).
 FUSION_VARIANTS = {"unfused": (False, False), "qk_norm_rope": (True, False), "router": (False, True),
@@ -416,7 +402,7 @@ def _profile_step(llm, gr, steps: int = 20) -> dict:
 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         bench_cuda._device_step_time(llm, iters=steps, gr=gr)
-    table = _kernel_table(prof, steps + 5)  # _device_step_time runs 5 warm-up steps
+    table = bench_cuda.kernel_table(prof, steps + 5)  # _device_step_time runs 5 warm-up steps
     return {"kernels_per_step": sum(k["per_step"] for k in table),
             "kernel_us_per_step": sum(k["us_per_step"] for k in table), "kernels": table[:40]}
 

@@ -222,66 +222,13 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, ko_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_kot, stride_cos,
-    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HP: tl.constexpr, DP: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
-    offs_h = tl.arange(0, HP)
-    offs_d = tl.arange(0, DP)
-    d_ok = offs_d < HALF
-    c1 = tl.load(cos_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(cos_ptr + pos * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(sin_ptr + pos * stride_cos + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(sin_ptr + pos * stride_cos + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)
-    for which in tl.static_range(2):
-        if which == 0:
-            src, dst, st, sh, so, nh = q_ptr, qo_ptr, stride_qt, stride_qh, stride_qot, NUM_Q_HEADS
-        else:
-            src, dst, st, sh, so, nh = k_ptr, ko_ptr, stride_kt, stride_kh, stride_kot, NUM_K_HEADS
-        mask = (offs_h[:, None] < nh) & d_ok[None, :]
-        p1 = src + t * st + offs_h[:, None] * sh + offs_d[None, :]
-        x1 = tl.load(p1, mask=mask, other=0.0)
-        x2 = tl.load(p1 + HALF, mask=mask, other=0.0)
-        dt = x1.dtype
-        f1 = x1.to(tl.float32)
-        f2 = x2.to(tl.float32)
-        # Eager: x * cos + rotate_half(x) * sin, each product rounded to the model dtype.
-        y1 = ((f1 * c1[None, :]).to(dt).to(tl.float32) + (-f2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
-        y2 = ((f2 * c2[None, :]).to(dt).to(tl.float32) + (f1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
-        q1 = dst + t * so + offs_h[:, None] * (HALF * 2) + offs_d[None, :]
-        tl.store(q1, y1, mask=mask)
-        tl.store(q1 + HALF, y2, mask=mask)
-
-
-def rope(positions, q, k, cos, sin):
-    """Neox RoPE of ``q`` [T, H, D] and ``k`` [T, Hk, D]; returns new contiguous tensors."""
-    t, h, d = q.shape
-    hk = k.shape[1]
-    qo = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
-    ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
-    if t:
-        assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1
-        _rope_kernel[(t,)](
-            q, k, cos, sin, positions, qo, ko,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
-            cos.stride(0),
-            NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
-            HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2),
-            num_warps=4,
-        )
-    return qo, ko
-
-
-@triton.jit
-def _qk_norm_rope_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, ko_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_kot, stride_cos, eps,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HP: tl.constexpr, DP: tl.constexpr,
+    HP: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
 ):
+    """Neox RoPE of one token's q and k heads; NORM: each head RMS-normed first (Qwen3's q/k
+    norms, weights qw / kw, rounded as ``_rms_norm_kernel`` rounds)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, HP)
@@ -303,17 +250,45 @@ def _qk_norm_rope_kernel(
         dt = x1.dtype
         f1 = x1.to(tl.float32)
         f2 = x2.to(tl.float32)
-        # RMSNorm of every head (as _rms_norm_kernel rounds), then RoPE (as _rope_kernel rounds).
-        r = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
-        w1 = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
-        n1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        n2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        y1 = ((n1 * c1[None, :]).to(dt).to(tl.float32) + (-n2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
-        y2 = ((n2 * c2[None, :]).to(dt).to(tl.float32) + (n1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
-        o1 = dst + t * so + offs_h[:, None] * (HALF * 2) + offs_d[None, :]
-        tl.store(o1, y1, mask=mask)
-        tl.store(o1 + HALF, y2, mask=mask)
+        if NORM:  # RMSNorm of every head, rounded as the eager op: w * (x / rms(x)).to(dtype)
+            r = tl.rsqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / (2 * HALF) + eps)[:, None]
+            w1 = tl.load(w_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+            w2 = tl.load(w_ptr + HALF + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+            f1 = (w1 * (f1 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            f2 = (w2 * (f2 * r).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        # Eager: x * cos + rotate_half(x) * sin, each product rounded to the model dtype.
+        y1 = ((f1 * c1[None, :]).to(dt).to(tl.float32) + (-f2 * s1[None, :]).to(dt).to(tl.float32)).to(dt)
+        y2 = ((f2 * c2[None, :]).to(dt).to(tl.float32) + (f1 * s2[None, :]).to(dt).to(tl.float32)).to(dt)
+        q1 = dst + t * so + offs_h[:, None] * (HALF * 2) + offs_d[None, :]
+        tl.store(q1, y1, mask=mask)
+        tl.store(q1 + HALF, y2, mask=mask)
+
+
+def rope(positions, q, k, cos, sin):
+    """Neox RoPE of ``q`` [T, H, D] and ``k`` [T, Hk, D]; returns new contiguous tensors."""
+    t, h, d = q.shape
+    hk = k.shape[1]
+    qo = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
+    if t:
+        _launch_rope(positions, q, k, None, None, 0.0, cos, sin, qo, ko)
+    return qo, ko
+
+
+def _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko) -> None:
+    """``_rope_kernel`` over every token (norm weights None: RoPE alone)."""
+    t, h, d = q.shape
+    hk = k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1
+    norm = q_weight is not None
+    _rope_kernel[(t,)](
+        q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, positions, qo, ko,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
+        cos.stride(0), eps,
+        NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
+        HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2), NORM=norm,
+        num_warps=4,
+    )
 
 
 def qk_norm_rope(positions, q, k, q_weight, k_weight, eps: float, cos, sin):
@@ -328,13 +303,5 @@ def qk_norm_rope(positions, q, k, q_weight, k_weight, eps: float, cos, sin):
     qo = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
     if t:
-        assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1
-        _qk_norm_rope_kernel[(t,)](
-            q, k, q_weight, k_weight, cos, sin, positions, qo, ko,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
-            cos.stride(0), eps,
-            NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
-            HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2),
-            num_warps=4,
-        )
+        _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko)
     return qo, ko
