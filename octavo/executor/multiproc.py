@@ -94,12 +94,36 @@ ENGINE_ONLY_FIELDS = frozenset({
 })
 
 
+# Tries at a fresh loopback port: the port is free when chosen, but rank 0 binds it only after
+# spawning and importing torch, and another process (other engines' collective connections,
+# on ephemeral ports) may take it in between.
+RENDEZVOUS_TRIES = 3
+
+
 class MultiprocExecutor(DistributedExecutor):
     def __init__(self, config: OctavoConfig) -> None:
         world = config.parallel_config.tensor_parallel_size
-        ctx = mp.get_context("spawn")
-        init_method = os.environ.get("OCTAVO_DIST_INIT_METHOD") or f"tcp://127.0.0.1:{_free_port()}"
+        chosen = os.environ.get("OCTAVO_DIST_INIT_METHOD")
         args = engine_args_dict(config)
+        for attempt in range(1, RENDEZVOUS_TRIES + 1):
+            init_method = chosen or f"tcp://127.0.0.1:{_free_port()}"
+            try:
+                infos = self._start(world, init_method, args)
+                break
+            except WorkerDiedError as e:
+                if chosen or attempt == RENDEZVOUS_TRIES or "EADDRINUSE" not in str(e):
+                    raise
+                logger.warning("rendezvous port of %s was taken before the workers bound it (try %d of %d); "
+                               "starting them again on another", init_method, attempt, RENDEZVOUS_TRIES)
+        self.worker_infos = tuple(infos)
+        self.attn_backend_name = infos[0]["attn_backend"]
+        self.model_bytes = sum(i["model_bytes"] for i in infos)
+        self.load_seconds = max(i["load_seconds"] for i in infos)
+        logger.info("started %d tensor-parallel workers (%s)", world, init_method)
+
+    def _start(self, world: int, init_method: str, args: dict) -> list:
+        """Spawn one worker per rank on ``init_method``; their infos once all are built."""
+        ctx = mp.get_context("spawn")
         self.procs: list[mp.Process] = []
         self.conns: list[Connection] = []
         for rank in range(world):
@@ -109,12 +133,7 @@ class MultiprocExecutor(DistributedExecutor):
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
-        infos = self._collect(timeout=None)
-        self.worker_infos = tuple(infos)
-        self.attn_backend_name = infos[0]["attn_backend"]
-        self.model_bytes = sum(i["model_bytes"] for i in infos)
-        self.load_seconds = max(i["load_seconds"] for i in infos)
-        logger.info("started %d tensor-parallel workers (%s)", world, init_method)
+        return self._collect(timeout=None)
 
     def _collect(self, timeout: float | None) -> list:
         """Wait for one reply per worker; raise if a worker errors or dies."""

@@ -81,3 +81,31 @@ def test_workers_get_every_engine_flag_they_need():
     fields = {f.name for f in dataclasses.fields(EngineArgs)}
     assert forwarded <= fields
     assert fields - forwarded - ENGINE_ONLY_FIELDS == set()
+
+
+@pytest.mark.usefixtures("cpu")
+def test_taken_rendezvous_port_is_retried_on_another(llama_dir, monkeypatch):
+    """The loopback port chosen for the workers' rendezvous is taken before rank 0 binds it (a
+    real listening socket holds it here): the workers fail with EADDRINUSE and the executor
+    starts them again on another port instead of failing the engine."""
+    import socket
+
+    from octavo.executor import multiproc
+
+    held = socket.socket()
+    held.bind(("0.0.0.0", 0))  # every IPv4 address: the store's listen on any address fails
+    held.listen()
+    real, chosen = multiproc._free_port, []
+    monkeypatch.setattr(multiproc, "_free_port",
+                        lambda: chosen.append(held.getsockname()[1] if not chosen else real()) or chosen[-1])
+    try:
+        config = EngineArgs(model=llama_dir, dtype="float32", max_model_len=64, num_gpu_blocks_override=16,
+                            tensor_parallel_size=2).create_engine_config()
+        mp = MultiprocExecutor(config)
+        try:
+            assert len(_run_steps(mp)) == 4
+            assert len(chosen) == 2 and chosen[0] == held.getsockname()[1] != chosen[1]
+        finally:
+            mp.shutdown()
+    finally:
+        held.close()
