@@ -169,10 +169,12 @@ GEMV_MAX_ROWS = 4
 GEMV_AMX = GEMV and bool(getattr(_ext, "gemv_amx", lambda: False)())
 GEMV_AMX_MAX_ROWS = 64
 # Without AMX but with VDPBF16PS (AVX512-BF16: AMD Zen 4 and later) the same call runs up to
-# GEMV_AMX_MAX_ROWS rows in 4-row register tiles over each work item's weight blocks, which
-# stay in L2 while every row passes: ~90 % of the FMA peak, where oneDNN's blocked GEMM reaches
-# 60-85 % at these sizes (SmolLM2-135M's four linears of a layer, 2-core Zen 4: 0.66x the
-# time at 8 rows, 0.76-0.85x at 48, 0.9x at 64; even at 512 rows).
+# GEMV_AMX_MAX_ROWS rows in 6-row register tiles over each thread's run of weight blocks, which
+# stay in L2 while every row passes (csrc/cpu/gemv.cpp): ~85-90 % of the FMA peak where oneDNN's
+# blocked GEMM reaches 70-85 % at these sizes (SmolLM2-135M's four linears of a layer, 2-core
+# Zen 4, weights in cache: 0.77-0.83x oneDNN's time at 8 rows, 0.90-0.96x at 48, 1.02-1.07x at
+# 64, where weights from DRAM and the one-call decoder stack still favour it; oneDNN is ahead
+# from ~96 rows and stays the prefill path).
 GEMV_DOT = GEMV and not GEMV_AMX and bool(getattr(_ext, "BF16_DOT", False))
 
 

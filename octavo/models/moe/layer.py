@@ -164,11 +164,10 @@ class FusedMoE(nn.Module):
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``hidden`` [T, H], ``router_logits`` [T, E] -> [T, H], summed over ranks (or this
         rank's partial sum with ``reduce=False``, for a caller that adds more before reducing)."""
-        weights, ids = self.kernel.route(
+        routed = self.kernel.route(
             router_logits, self.top_k, self.renormalize, self.expert_start, self.num_local_experts
         )
-        out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, weights, ids)
-        return self.tp.all_reduce(out) if reduce and self.tp.world_size > 1 else out
+        return self._experts(hidden, routed, reduce)
 
     def forward_from_router(self, hidden: torch.Tensor, router_weight: torch.Tensor, reduce: bool = True) -> torch.Tensor:
         """``forward(hidden, F.linear(hidden, router_weight), reduce)``; a kernel that fuses the
@@ -179,6 +178,10 @@ class FusedMoE(nn.Module):
         )
         if routed is None:
             return self.forward(hidden, F.linear(hidden, router_weight), reduce)
+        return self._experts(hidden, routed, reduce)
+
+    def _experts(self, hidden: torch.Tensor, routed: tuple, reduce: bool) -> torch.Tensor:
+        """The routed (weights, local ids) experts applied, summed over ranks unless not ``reduce``."""
         out = self.kernel.apply(hidden, self.w13_weight, self.w2_weight, *routed)
         return self.tp.all_reduce(out) if reduce and self.tp.world_size > 1 else out
 
