@@ -362,23 +362,7 @@ def machine() -> dict:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile") if f in flags.split()]
     return {"arch": platform.machine(), "nproc": os.cpu_count(), "cpu": cpu_isa.cpu_name(), "isa_flags": isa,
-            "cpu_family_model": cpu_family_model(), "octavo_kernels": cpu_isa.describe()}
-
-
-def cpu_family_model() -> str:
-    """``family F model M`` from /proc/cpuinfo: virtual machines often show only "AMD EPYC" as the
-    model name, and the family tells the generations apart (AMD: 25 = Zen 3/4, 26 = Zen 5)."""
-    fields = {}
-    try:
-        for ln in open("/proc/cpuinfo"):
-            key, _, value = ln.partition(":")
-            if key.strip() in ("cpu family", "model") and key.strip() not in fields:
-                fields[key.strip()] = value.strip()
-            if not ln.strip():
-                break
-    except OSError:
-        pass
-    return f"family {fields.get('cpu family', '?')} model {fields.get('model', '?')}"
+            "octavo_kernels": cpu_isa.describe()}
 
 
 def ensure_model(args: argparse.Namespace) -> None:

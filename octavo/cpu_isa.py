@@ -106,15 +106,25 @@ def best_isa(feats: dict | None = None) -> tuple[str, str]:
 
 
 def cpu_name() -> str:
-    """The CPU's model name from /proc/cpuinfo, else what ``platform`` knows."""
+    """The CPU's model name from /proc/cpuinfo with its family and model numbers where the file
+    has them (virtual machines often name only "AMD EPYC"; the family tells the generations
+    apart: AMD 25 is Zen 3/4, 26 is Zen 5), else what ``platform`` knows."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if not line.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return _platform.processor() or _platform.machine()
+    name = fields.get("model name")
+    if not name:
+        return _platform.processor() or _platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def _variant_built(variant: str) -> bool:
