@@ -61,7 +61,7 @@ def _case(seqs, dtype, fmt, k_scale, v_scale, *, heads=4, kv_heads=2, head_size=
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("segments", [1, 4])
+@pytest.mark.parametrize("segments", [1, 4, 16])
 def test_attention_reads_the_fp8_cache(fmt, segments):
     seqs = [(0, 5), (17, 1), (30, 12), (15, 1)] if segments == 1 else [(100, 1), (47, 1), (64, 3)]
     for dtype in (torch.float32, torch.bfloat16 if HAS_GPU else torch.float16):

@@ -138,7 +138,7 @@ CASES = [(WINDOW, None), (WINDOW, CAP), (None, CAP)]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run where there is no GPU")
-@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("segments", [1, 2, 8])
 @pytest.mark.parametrize("window,cap", CASES)
 def test_triton_paged_interpreted(segments, window, cap):
     _check_triton("cpu", torch.float32, segments, window, cap, 1e-5)
@@ -147,7 +147,7 @@ def test_triton_paged_interpreted(segments, window, cap):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("segments", [1, 2, 8])
 @pytest.mark.parametrize("window,cap", CASES)
 def test_triton_paged_gpu(dtype, segments, window, cap):
     _check_triton("cuda", dtype, segments, window, cap, 1e-5 if dtype == torch.float32 else 2e-2)

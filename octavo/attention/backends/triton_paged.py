@@ -5,9 +5,10 @@ KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size
 
 Per layer ``forward`` launches one KV-write kernel and one attention kernel over the whole
 mixed batch (prefill chunks and decodes together); steps of decodes or short verify chunks with
-few requests and long contexts take the split-KV variant (one more small reduction launch). Nothing here reads a
-device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's
-shapes depend only on (num tokens, num requests), and the split decision only on static facts.
+few requests and long contexts take the split-KV variant, whose segments are merged inside the
+same launch (``paged_attention.FUSED_SPLIT_REDUCE``). Nothing here reads a device value on the
+host, so every launch can be captured in a CUDA/HIP graph: the metadata's shapes depend only on
+(num tokens, num requests), and the split decision only on static facts.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class TritonPagedMetadata:
     num_actual_tokens: int
     max_query_len: int
     max_seq_len: int
-    # Split-KV partial buffers, shared by every layer of the step (layers run in order).
+    # Split-KV partial buffers and arrival counters, shared by every layer of the step (layers
+    # run in order; each launch leaves the counters zero, also in every graph replay).
     workspaces: dict[tuple, Any] = field(default_factory=dict)
 
 
