@@ -384,15 +384,17 @@ def _gemv_on_off(llm) -> dict:
 # -- kernel-by-kernel profile of the batch-1 decode step ----------------------------------
 # The fusions of the batch-1 decode step, each switchable for same-run comparisons:
 # variant name -> (fused q/k norm + RoPE, fused router GEMV + routing, split-KV merge in the
-# attention launch). "split_reduce_separate" is the step before the last fusion.
-FUSION_VARIANTS = {"unfused": (False, False, False), "qk_norm_rope": (True, False, False),
-                   "router": (False, True, False), "split_reduce_separate": (True, True, False),
-                   "fused": (True, True, True)}
-# The pair whose batch-1 TPOT and kernel tables are compared.
-COMPARED = ("split_reduce_separate", "fused")
+# attention launch, KV write in the q/k norm + RoPE launch). "split_reduce_separate" is the
+# step before the last two fusions.
+FUSION_VARIANTS = {"unfused": (False, False, False, False),
+                   "split_reduce_separate": (True, True, False, False),
+                   "split_reduce_fused": (True, True, True, False),
+                   "fused": (True, True, True, True)}
+# The variants whose batch-1 TPOT (the first and last) and kernel tables are compared.
+COMPARED = ("split_reduce_separate", "split_reduce_fused", "fused")
 
 
-def _set_fusions(qk_norm_rope: bool, router: bool, split_reduce: bool = True) -> None:
+def _set_fusions(qk_norm_rope: bool, router: bool, split_reduce: bool = True, kv_write: bool = True) -> None:
     from octavo.attention.ops import paged_attention
     from octavo.models import fused_ops
     from octavo.models.moe.kernels import triton_grouped
@@ -400,6 +402,7 @@ def _set_fusions(qk_norm_rope: bool, router: bool, split_reduce: bool = True) ->
     fused_ops.QK_NORM_ROPE_ENABLED = qk_norm_rope
     triton_grouped.FUSED_ROUTER = router
     paged_attention.FUSED_SPLIT_REDUCE = split_reduce
+    fused_ops.KV_WRITE_IN_ROPE = kv_write
 
 
 def _profile_step(llm, gr, steps: int = 20) -> dict:
@@ -415,10 +418,10 @@ def _profile_step(llm, gr, steps: int = 20) -> dict:
 
 def _tpot_compared(llm, graphs: dict, vocab: int, reps: int) -> dict:
     """Batch-1 TPOT (``bench_cuda._decode_step_time``: 512-token prompts, 256 tokens) with the
-    engine's size-1 graph swapped for each ``COMPARED`` variant's, interleaved."""
+    engine's size-1 graph swapped for the first and the last ``COMPARED`` variant's, interleaved."""
     runner, out = llm.llm_engine.core.runner, {}
     own = runner.graph_runner
-    samples: dict = {name: [] for name in COMPARED}
+    samples: dict = {name: [] for name in (COMPARED[0], COMPARED[-1])}
     for rep in range(reps):
         for name in samples:
             _set_fusions(*FUSION_VARIANTS[name])  # eager steps (the prompts) follow the graph

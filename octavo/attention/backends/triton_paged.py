@@ -63,16 +63,18 @@ class TritonPagedMetadata:
 class TritonPagedImpl(AttentionImpl):
     supports_sliding_window = True
     supports_logits_soft_cap = True
+    supports_kv_written = True
     # An fp8 cache's per-layer scales (``octavo.attention.kv_cache_dtype``): the checkpoint's
     # (``octavo.models.kv_scales`` sets them on the layer's instance), else 1.0.
     k_scale = 1.0
     v_scale = 1.0
 
-    def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata):
+    def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata, kv_written: bool = False):
         from octavo.attention.ops.paged_attention import alloc_workspace, paged_attention, write_kv
 
         md = attn_metadata
-        write_kv(key, value, kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
+        if not kv_written:  # else the caller wrote them (``supports_kv_written``)
+            write_kv(key, value, kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
         num_tokens = query.shape[0]
         out = torch.empty(
             (num_tokens, self.num_heads, self.head_size), dtype=query.dtype, device=query.device
