@@ -310,8 +310,8 @@ def cmd_profile(args) -> dict:
 
 
 def _split_reduce_ab(llm, runner, steps: int, reps: int) -> dict:
-    """The batch-1 step with the split-KV merge in the attention launch (``fused``, the
-    default) and as a second launch (``separate``), each in a freshly captured size-1 graph of
+    """The batch-1 step with the split-KV merge in the attention launch (``fused``) and as a
+    second launch (``separate``, the default), each in a freshly captured size-1 graph of
     the same engine: device step in interleaved rounds of 100 steps, then kernel by kernel."""
     import bench_cuda as bc
     import torch
@@ -319,12 +319,12 @@ def _split_reduce_ab(llm, runner, steps: int, reps: int) -> dict:
     from octavo.attention.ops import paged_attention as pa
     from octavo.worker.cuda_graph import GraphRunner
 
-    graphs = {}
+    graphs, default = {}, pa.FUSED_SPLIT_REDUCE
     for name, fused in (("separate", False), ("fused", True)):
         pa.FUSED_SPLIT_REDUCE = fused
         graphs[name] = GraphRunner(runner, [1])
         graphs[name].capture()
-    pa.FUSED_SPLIT_REDUCE = True
+    pa.FUSED_SPLIT_REDUCE = default
     samples: dict = {name: [] for name in graphs}
     for _ in range(reps + 2):
         for name, gr in graphs.items():

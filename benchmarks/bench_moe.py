@@ -384,17 +384,17 @@ def _gemv_on_off(llm) -> dict:
 # -- kernel-by-kernel profile of the batch-1 decode step ----------------------------------
 # The fusions of the batch-1 decode step, each switchable for same-run comparisons:
 # variant name -> (fused q/k norm + RoPE, fused router GEMV + routing, split-KV merge in the
-# attention launch, KV write in the q/k norm + RoPE launch). "split_reduce_separate" is the
-# step before the last two fusions.
+# attention launch, KV write in the q/k norm + RoPE launch). "fused" is the engine's default;
+# "main" the step before the KV write moved into the RoPE launch.
 FUSION_VARIANTS = {"unfused": (False, False, False, False),
-                   "split_reduce_separate": (True, True, False, False),
-                   "split_reduce_fused": (True, True, True, False),
-                   "fused": (True, True, True, True)}
-# The variants whose batch-1 TPOT (the first and last) and kernel tables are compared.
-COMPARED = ("split_reduce_separate", "split_reduce_fused", "fused")
+                   "main": (True, True, False, False),
+                   "fused": (True, True, False, True),
+                   "split_reduce_fused": (True, True, True, True)}
+# The variants whose kernel tables are compared; batch-1 TPOT of the first two.
+COMPARED = ("main", "fused", "split_reduce_fused")
 
 
-def _set_fusions(qk_norm_rope: bool, router: bool, split_reduce: bool = True, kv_write: bool = True) -> None:
+def _set_fusions(qk_norm_rope: bool, router: bool, split_reduce: bool = False, kv_write: bool = True) -> None:
     from octavo.attention.ops import paged_attention
     from octavo.models import fused_ops
     from octavo.models.moe.kernels import triton_grouped
@@ -418,10 +418,10 @@ def _profile_step(llm, gr, steps: int = 20) -> dict:
 
 def _tpot_compared(llm, graphs: dict, vocab: int, reps: int) -> dict:
     """Batch-1 TPOT (``bench_cuda._decode_step_time``: 512-token prompts, 256 tokens) with the
-    engine's size-1 graph swapped for the first and the last ``COMPARED`` variant's, interleaved."""
+    engine's size-1 graph swapped for the first two ``COMPARED`` variants', interleaved."""
     runner, out = llm.llm_engine.core.runner, {}
     own = runner.graph_runner
-    samples: dict = {name: [] for name in (COMPARED[0], COMPARED[-1])}
+    samples: dict = {name: [] for name in COMPARED[:2]}
     for rep in range(reps):
         for name in samples:
             _set_fusions(*FUSION_VARIANTS[name])  # eager steps (the prompts) follow the graph

@@ -124,16 +124,23 @@ def test_fused_merge_gpu(dtype, segments, head_size):
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
 def test_split_kv_is_one_launch_gpu():
     """Split-KV attention is one kernel with the merge fused, two without."""
+    from octavo.attention.ops.paged_attention import alloc_workspace, paged_attention
+
     q, cache, md, _ = _batch(torch.bfloat16, "cuda", heads=32, kv_heads=8, head_size=128, seqs=[(767, 1)])
-    for fused, want in ((True, 1), (False, 2)):
-        _attend(q, cache, md, 16, fused=fused)  # compile outside the profile
+    ws, out = alloc_workspace(1, 32, 128, 16, "cuda"), torch.empty_like(q)
+    for fused, want in ((True, ["_paged_attention_kernel"]),
+                        (False, ["_paged_attention_kernel", "_reduce_segments_kernel"])):
+        def launch(fused=fused):
+            paged_attention(q, cache, out, md.query_start_loc, md.seq_lens, md.block_table, 1, 1,
+                            128**-0.5, num_segments=16, workspace=ws, fused_reduce=fused)
+
+        launch()  # compile outside the profile
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            _attend(q, cache, md, 16, fused=fused, tile=None)
+            launch()
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        kernels = [n for n in names if "_kernel" in n]
-        assert len(kernels) == want, kernels
+        assert names == want
 
 
 @pytest.mark.cuda

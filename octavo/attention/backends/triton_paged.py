@@ -5,9 +5,10 @@ KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size
 
 Per layer ``forward`` launches one KV-write kernel and one attention kernel over the whole
 mixed batch (prefill chunks and decodes together); steps of decodes or short verify chunks with
-few requests and long contexts take the split-KV variant, whose segments are merged inside the
-same launch (``paged_attention.FUSED_SPLIT_REDUCE``). Nothing here reads a device value on the
-host, so every launch can be captured in a CUDA/HIP graph: the metadata's shapes depend only on
+few requests and long contexts take the split-KV variant (one more small merge launch, or the
+merge inside the attention launch with ``paged_attention.FUSED_SPLIT_REDUCE``). A model may write
+the K/V itself in an earlier launch (Qwen3's q/k norm + RoPE) and pass ``kv_written=True``.
+Nothing here reads a device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's shapes depend only on
 (num tokens, num requests), and the split decision only on static facts.
 """
 

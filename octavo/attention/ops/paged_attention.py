@@ -13,14 +13,16 @@ function of (num tokens, num requests) alone, so a captured CUDA graph can repla
 With ``num_segments > 1`` (flash-decoding) a third grid axis splits each request's KV range
 into segments; each writes an unnormalised partial output with its running max and sum. That
 fills the GPU when there are few requests and long contexts (batch 1 decode has only
-``num_kv_heads`` programs otherwise). The partials are merged inside the same launch: each
-program counts itself done on its (query block, KV head)'s arrival counter, and the last of the
-``num_segments`` to arrive (it sees every other segment's partials: their stores precede a CTA
-barrier and the counter's acquire-release add) merges them into ``out`` and sets the counter
-back to zero, so the counters are zero between launches and in every replay of a captured
-graph (the pattern of ``octavo.models.moe.kernels.triton_router``). ``FUSED_SPLIT_REDUCE =
-False`` (or ``fused_reduce=False``) merges in a second launch, ``_reduce_segments_kernel``,
-instead: the same function, for comparisons.
+``num_kv_heads`` programs otherwise). ``_reduce_segments_kernel`` merges them in a second
+launch. With ``fused_reduce`` (default ``FUSED_SPLIT_REDUCE``) they are merged inside the
+attention launch instead: each program counts itself done on its (query block, KV head)'s
+arrival counter, and the last of the ``num_segments`` to arrive (it sees every other segment's
+partials: their stores precede a CTA barrier and the counter's acquire-release add) merges them
+into ``out`` and sets the counter back to zero, so the counters are zero between launches and
+in every replay of a captured graph (the pattern of ``octavo.models.moe.kernels.triton_router``).
+Off by default: on an H100 at batch-1 decode (767-token context, 16 segments) the fused merge
+made the attention launch ~5 us longer than the separate merge launch costs (~2.5 us with its
+gap), see ``benchmarks/h200_results.md``.
 
 Softmax runs in float32 in base 2 (``log2(e)`` folded into the scale). Every kernel also runs
 under ``TRITON_INTERPRET=1`` on CPU tensors, which is how CI checks them against torch_ref.
@@ -36,8 +38,9 @@ from octavo.attention.kv_cache_dtype import fp8_max, is_fp8
 
 LOG2E = 1.4426950408889634
 # Split-KV: merge the segments in the attention launch (last-arriving program) rather than in a
-# second launch. Benchmarks flip it to compare (recapture graphs after flipping it).
-FUSED_SPLIT_REDUCE = True
+# second launch. Off: measured slower (module docstring). Benchmarks flip it to compare
+# (recapture graphs after flipping it).
+FUSED_SPLIT_REDUCE = False
 
 
 @triton.jit
