@@ -175,33 +175,37 @@ def cmd_kernels(args) -> dict:
     from tests.attention.paged_cases import make_batch
 
     rows = []
-    for label, seqs in (
-        ("decode b1 ctx768", [(767, 1)]),
-        ("decode b1 ctx8k", [(8191, 1)]),
-        ("decode b32 ctx768", [(767, 1)] * 32),
-        ("decode b128 ctx768", [(767, 1)] * 128),
-        ("prefill 512", [(0, 512)]),
-        ("prefill 8x512 + 64 decodes", [(0, 512)] * 8 + [(700, 1)] * 64),
+    for label, seqs, kv_heads in (
+        ("decode b1 ctx768", [(767, 1)], 8),
+        ("decode b1 ctx768 4 KV heads", [(767, 1)], 4),
+        ("decode b1 ctx8k", [(8191, 1)], 8),
+        ("decode b32 ctx768", [(767, 1)] * 32, 8),
+        ("decode b128 ctx768", [(767, 1)] * 128, 8),
+        ("prefill 512", [(0, 512)], 8),
+        ("prefill 8x512 + 64 decodes", [(0, 512)] * 8 + [(700, 1)] * 64, 8),
     ):
-        q, k, v, cache, md = make_batch(seqs, num_heads=32, num_kv_heads=8, head_size=128,
+        q, k, v, cache, md = make_batch(seqs, num_heads=32, num_kv_heads=kv_heads, head_size=128,
                                         block_size=16, dtype=torch.bfloat16, device="cuda",
                                         extra_blocks=0)
         out = torch.empty_like(q)
-        kv_bytes = sum(c + n for c, n in seqs) * 8 * 128 * 2 * 2
+        kv_bytes = sum(c + n for c, n in seqs) * kv_heads * 128 * 2 * 2
         decode = md.max_query_len == 1
-        for segs in ((1, 4, 8, 16) if decode else (1,)):
+        # split-KV: the merge in the attention launch (fused) or a second launch
+        variants = [(1, False)] + ([(s, f) for s in (4, 8, 16, 32) for f in (False, True)] if decode else [])
+        for segs, fused in variants:
             for tile in (32, 64):
                 ws = alloc_workspace(q.shape[0], 32, 128, segs, "cuda") if segs > 1 else None
 
-                def fn(segs=segs, tile=tile, ws=ws, q=q, cache=cache, md=md, out=out):
+                def fn(segs=segs, tile=tile, ws=ws, q=q, cache=cache, md=md, out=out, fused=fused):
                     paged_attention(q, cache, out, md.query_start_loc, md.seq_lens, md.block_table,
-                                    md.num_reqs, md.max_query_len, 128**-0.5, segs, ws, tile=tile)
+                                    md.num_reqs, md.max_query_len, 128**-0.5, segs, ws, tile=tile,
+                                    fused_reduce=fused)
 
                 fn()  # compile outside the graph
                 ms = triton.testing.do_bench_cudagraph(fn, rep=50, return_mode="median")
-                rows.append({"case": label, "segments": segs, "tile": tile, "us": ms * 1e3,
-                             "kv_GBps": kv_bytes / (ms / 1e3) / 1e9})
-                log(f"{label:28s} seg={segs:2d} tile={tile} {ms * 1e3:8.1f} us  "
+                rows.append({"case": label, "segments": segs, "fused_merge": fused, "tile": tile,
+                             "us": ms * 1e3, "kv_GBps": kv_bytes / (ms / 1e3) / 1e9})
+                log(f"{label:28s} seg={segs:2d}{' fused' if fused else '      '} tile={tile} {ms * 1e3:8.1f} us  "
                     f"{kv_bytes / (ms / 1e3) / 1e9:7.0f} GB/s of KV")
     r = {"bench": "kernels", "rows": rows}
     result(r)

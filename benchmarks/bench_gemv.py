@@ -272,7 +272,8 @@ def cmd_decode(args) -> dict:
 def cmd_profile(args) -> dict:
     """Kernels of one batch-1 decode step (graph replay + logits + argmax) under torch.profiler:
     per kernel name the count and device time per step, their sum against the step's wall time
-    (the rest is launch gaps and idle), and the same for an eager step."""
+    (the rest is launch gaps and idle); then the split-KV merge in / after the attention launch
+    (``_split_reduce_ab``)."""
     import bench_cuda as bc
     import torch
 
@@ -302,7 +303,44 @@ def cmd_profile(args) -> dict:
         f"summing {r['kernel_us_per_step']:.0f} us")
     for k in r["kernels"]:
         log(f"{k['us_per_step']:9.1f} us  x{k['per_step']:5.1f}  {k['name']}")
+    result(r)  # partial: the engine's own step survives a timeout below
+    r.update(_split_reduce_ab(llm, runner, steps, args.reps))
     result(r)
+    return r
+
+
+def _split_reduce_ab(llm, runner, steps: int, reps: int) -> dict:
+    """The batch-1 step with the split-KV merge in the attention launch (``fused``) and as a
+    second launch (``separate``, the default), each in a freshly captured size-1 graph of
+    the same engine: device step in interleaved rounds of 100 steps, then kernel by kernel."""
+    import bench_cuda as bc
+    import torch
+
+    from octavo.attention.ops import paged_attention as pa
+    from octavo.worker.cuda_graph import GraphRunner
+
+    graphs, default = {}, pa.FUSED_SPLIT_REDUCE
+    for name, fused in (("separate", False), ("fused", True)):
+        pa.FUSED_SPLIT_REDUCE = fused
+        graphs[name] = GraphRunner(runner, [1])
+        graphs[name].capture()
+    pa.FUSED_SPLIT_REDUCE = default
+    samples: dict = {name: [] for name in graphs}
+    for _ in range(reps + 2):
+        for name, gr in graphs.items():
+            samples[name].append(bc._device_step_time(llm, iters=100, gr=gr))
+    r: dict = {}
+    for name, gr in graphs.items():
+        r[f"device_step_b1_split_reduce_{name}_s"] = t = statistics.median(samples[name])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            bc._device_step_time(llm, iters=steps, gr=gr)
+        table = bc.kernel_table(prof, steps + 5)
+        r[f"profile_split_reduce_{name}"] = {"kernels_per_step": sum(k["per_step"] for k in table),
+                                             "kernels": table[:40]}
+        log(f"split-KV merge {name}: device step {t * 1e6:.0f} us; "
+            f"kernels {r[f'profile_split_reduce_{name}']['kernels_per_step']:.0f}/step")
+        for k in table[:12]:
+            log(f"{k['us_per_step']:9.1f} us  x{k['per_step']:5.1f}  {k['name']}")
     return r
 
 

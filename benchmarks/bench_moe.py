@@ -383,17 +383,26 @@ def _gemv_on_off(llm) -> dict:
 
 # -- kernel-by-kernel profile of the batch-1 decode step ----------------------------------
 # The fusions of the batch-1 decode step, each switchable for same-run comparisons:
-# variant name -> (fused q/k norm + RoPE, fused router GEMV + routing).
-FUSION_VARIANTS = {"unfused": (False, False), "qk_norm_rope": (True, False), "router": (False, True),
-                   "fused": (True, True)}
+# variant name -> (fused q/k norm + RoPE, fused router GEMV + routing, split-KV merge in the
+# attention launch, KV write in the q/k norm + RoPE launch). "fused" is the engine's default;
+# "main" the step before the KV write moved into the RoPE launch.
+FUSION_VARIANTS = {"unfused": (False, False, False, False),
+                   "main": (True, True, False, False),
+                   "fused": (True, True, False, True),
+                   "split_reduce_fused": (True, True, True, True)}
+# The variants whose kernel tables are compared; batch-1 TPOT of the first two.
+COMPARED = ("main", "fused", "split_reduce_fused")
 
 
-def _set_fusions(qk_norm_rope: bool, router: bool) -> None:
+def _set_fusions(qk_norm_rope: bool, router: bool, split_reduce: bool = False, kv_write: bool = True) -> None:
+    from octavo.attention.ops import paged_attention
     from octavo.models import fused_ops
     from octavo.models.moe.kernels import triton_grouped
 
     fused_ops.QK_NORM_ROPE_ENABLED = qk_norm_rope
     triton_grouped.FUSED_ROUTER = router
+    paged_attention.FUSED_SPLIT_REDUCE = split_reduce
+    fused_ops.KV_WRITE_IN_ROPE = kv_write
 
 
 def _profile_step(llm, gr, steps: int = 20) -> dict:
@@ -407,12 +416,12 @@ def _profile_step(llm, gr, steps: int = 20) -> dict:
             "kernel_us_per_step": sum(k["us_per_step"] for k in table), "kernels": table[:40]}
 
 
-def _tpot_unfused_fused(llm, graphs: dict, vocab: int, reps: int) -> dict:
+def _tpot_compared(llm, graphs: dict, vocab: int, reps: int) -> dict:
     """Batch-1 TPOT (``bench_cuda._decode_step_time``: 512-token prompts, 256 tokens) with the
-    engine's size-1 graph swapped for the unfused and the fused variant's, interleaved."""
+    engine's size-1 graph swapped for the first two ``COMPARED`` variants', interleaved."""
     runner, out = llm.llm_engine.core.runner, {}
     own = runner.graph_runner
-    samples: dict = {"unfused": [], "fused": []}
+    samples: dict = {name: [] for name in COMPARED[:2]}
     for rep in range(reps):
         for name in samples:
             _set_fusions(*FUSION_VARIANTS[name])  # eager steps (the prompts) follow the graph
@@ -430,9 +439,9 @@ def _tpot_unfused_fused(llm, graphs: dict, vocab: int, reps: int) -> dict:
 def cmd_profile(args) -> dict:
     """Batch-1 decode step (graph replay + logits + argmax over a 767-token context,
     ``bench_cuda._device_step_time``) of every ``FUSION_VARIANTS`` entry, each in a freshly
-    captured size-1 graph of one engine, in interleaved rounds; batch-1 TPOT unfused and fused;
-    the unfused and fused steps kernel by kernel under torch.profiler; the active-weight
-    roofline at this run's copy bandwidth."""
+    captured size-1 graph of one engine, in interleaved rounds; batch-1 TPOT and the step kernel
+    by kernel under torch.profiler of each ``COMPARED`` variant; the active-weight roofline at
+    this run's copy bandwidth."""
     import torch
 
     from octavo import LLM
@@ -465,9 +474,9 @@ def cmd_profile(args) -> dict:
         log(f"{name}: device step {r[f'device_step_{name}_s'] * 1e6:.0f} us = "
             f"{r[f'device_step_{name}_vs_roofline']:.2f}x active roofline ({r['roofline_active_s'] * 1e6:.0f} us)")
     result(r)  # partial: the step times survive a timeout below
-    r.update(_tpot_unfused_fused(llm, graphs, vocab, args.reps))
+    r.update(_tpot_compared(llm, graphs, vocab, args.reps))
     result(r)
-    for name in ("unfused", "fused"):
+    for name in COMPARED:
         r[f"profile_{name}"] = p = _profile_step(llm, graphs[name])
         log(f"{name}: kernels {p['kernels_per_step']:.0f}/step summing {p['kernel_us_per_step']:.0f} us")
         for k in p["kernels"]:

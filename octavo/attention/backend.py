@@ -93,6 +93,9 @@ class AttentionImpl:
 
     supports_sliding_window: ClassVar[bool] = False
     supports_logits_soft_cap: ClassVar[bool] = False
+    # ``forward(..., kv_written=True)``: the caller already wrote this step's K/V at the slot
+    # mapping (a RoPE launch that also writes the cache); only impls that say so accept it.
+    supports_kv_written: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -30,6 +30,9 @@ ENABLED = True
 GEMV_ENABLED = True
 GEMV_MAX_ROWS = 8
 QK_NORM_ROPE_ENABLED = True  # False: Qwen3's q/k norms and RoPE as three launches (comparisons)
+# Qwen3: the q/k norm + RoPE launch also writes the token's K/V into the paged cache (attention
+# backends with ``supports_kv_written``), so the separate KV-write launch disappears.
+KV_WRITE_IN_ROPE = True
 _GEMV_DTYPES = (torch.bfloat16, torch.float16)
 
 logger = logging.getLogger(__name__)
@@ -221,14 +224,29 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _cache_store(c_ptr, dst, x1, x2, inv_scale, HALF: tl.constexpr, mask, FP8_MAX: tl.constexpr):
+    """Store a head's two halves into a KV cache as ``paged_attention.write_kv`` does (an fp8
+    cache: ``x / scale`` saturated at the format's largest value)."""
+    if FP8_MAX > 0.0:
+        x1 = tl.clamp(x1.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX)
+        x2 = tl.clamp(x2.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX)
+    tl.store(c_ptr + dst, x1.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + dst + HALF, x2.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, ko_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_kot, stride_cos, eps,
+    v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_vt, stride_vh, stride_cb, stride_cs, stride_ch,
+    inv_k_scale, inv_v_scale,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
     HP: tl.constexpr, DP: tl.constexpr, NORM: tl.constexpr,
+    WRITE_KV: tl.constexpr = False, BLOCK_SIZE: tl.constexpr = 16, FP8_MAX: tl.constexpr = 0.0,
 ):
     """Neox RoPE of one token's q and k heads; NORM: each head RMS-normed first (Qwen3's q/k
-    norms, weights qw / kw, rounded as ``_rms_norm_kernel`` rounds)."""
+    norms, weights qw / kw, rounded as ``_rms_norm_kernel`` rounds). WRITE_KV: also store the
+    rotated k and the token's v into the paged KV cache at its slot (none where slot < 0)."""
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, HP)
@@ -262,6 +280,16 @@ def _rope_kernel(
         q1 = dst + t * so + offs_h[:, None] * (HALF * 2) + offs_d[None, :]
         tl.store(q1, y1, mask=mask)
         tl.store(q1 + HALF, y2, mask=mask)
+        if WRITE_KV and which == 1:
+            slot = tl.load(slot_ptr + t)
+            if slot >= 0:
+                c_off = (slot // BLOCK_SIZE) * stride_cb + (slot % BLOCK_SIZE) * stride_cs
+                c_dst = c_off + offs_h[:, None] * stride_ch + offs_d[None, :]
+                _cache_store(kc_ptr, c_dst, y1, y2, inv_k_scale, HALF, mask, FP8_MAX)
+                pv = v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
+                v1 = tl.load(pv, mask=mask, other=0.0)
+                v2 = tl.load(pv + HALF, mask=mask, other=0.0)
+                _cache_store(vc_ptr, c_dst, v1, v2, inv_v_scale, HALF, mask, FP8_MAX)
 
 
 def rope(positions, q, k, cos, sin):
@@ -275,8 +303,9 @@ def rope(positions, q, k, cos, sin):
     return qo, ko
 
 
-def _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko) -> None:
-    """``_rope_kernel`` over every token (norm weights None: RoPE alone)."""
+def _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko, kv_write=None) -> None:
+    """``_rope_kernel`` over every token (norm weights None: RoPE alone; ``kv_write``: see
+    ``qk_norm_rope``)."""
     t, h, d = q.shape
     hk = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride(-1) == 1
@@ -284,24 +313,61 @@ def _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko) -> 
     _rope_kernel[(t,)](
         q, k, q_weight if norm else q, k_weight if norm else k, cos, sin, positions, qo, ko,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), qo.stride(0), ko.stride(0),
-        cos.stride(0), eps,
+        cos.stride(0), eps, *_kv_write_args(kv_write, k),
         NUM_Q_HEADS=h, NUM_K_HEADS=hk, HALF=d // 2,
         HP=triton.next_power_of_2(max(h, hk)), DP=triton.next_power_of_2(d // 2), NORM=norm,
+        **_kv_write_meta(kv_write),
         num_warps=4,
     )
 
 
-def qk_norm_rope(positions, q, k, q_weight, k_weight, eps: float, cos, sin):
+def _kv_write_args(kv_write, k: torch.Tensor) -> tuple:
+    """The kernel's KV-write arguments (placeholders when there is no write)."""
+    if kv_write is None:
+        return (k, k, k, k, 0, 0, 0, 0, 0, 1.0, 1.0)
+    v, kv_cache, slots, k_scale, v_scale = kv_write
+    kc, vc = kv_cache[0], kv_cache[1]
+    return (v, kc, vc, slots, v.stride(0), v.stride(1), kc.stride(0), kc.stride(1), kc.stride(2),
+            1.0 / k_scale, 1.0 / v_scale)
+
+
+def _kv_write_meta(kv_write) -> dict:
+    from octavo.attention.kv_cache_dtype import fp8_max, is_fp8
+
+    if kv_write is None:
+        return {}
+    kc = kv_write[1][0]
+    return {"WRITE_KV": True, "BLOCK_SIZE": kc.shape[1],
+            "FP8_MAX": fp8_max(kc.dtype) if is_fp8(kc.dtype) else 0.0}
+
+
+def check_kv_write(kv_write, k: torch.Tensor) -> None:
+    """A KV write target ``(v, kv_cache, slot_mapping, k_scale, v_scale)`` that matches ``k``
+    [T, Hk, D]: ``kv_cache`` [2, blocks, block_size, Hk, D], one slot per token; else ValueError."""
+    v, kv_cache, slots, _, _ = kv_write
+    t, hk, d = k.shape
+    if (v.shape != k.shape or kv_cache.dim() != 5 or kv_cache.shape[0] != 2
+            or tuple(kv_cache.shape[3:]) != (hk, d) or slots.shape != (t,) or v.stride(-1) != 1
+            or kv_cache[0].stride(-1) != 1):
+        raise ValueError(f"KV write target does not fit k {tuple(k.shape)}: v {tuple(v.shape)}, "
+                         f"cache {tuple(kv_cache.shape)}, slots {tuple(slots.shape)}")
+
+
+def qk_norm_rope(positions, q, k, q_weight, k_weight, eps: float, cos, sin, kv_write=None):
     """Qwen3's per-head RMSNorm of ``q`` [T, H, D] and ``k`` [T, Hk, D] (weights [D], one
     ``eps``), then neox RoPE of the whole head, in one launch: ``rope(positions,
     rms_norm(q), rms_norm(k))`` with the same roundings. Returns new contiguous tensors.
-    The weights must have the activations' dtype (the norm's output dtype is then theirs)."""
+    The weights must have the activations' dtype (the norm's output dtype is then theirs).
+    ``kv_write = (v, kv_cache, slot_mapping, k_scale, v_scale)``: the same launch also does
+    ``paged_attention.write_kv(rotated k, v, kv_cache, slot_mapping, k_scale, v_scale)``."""
     t, h, d = q.shape
     hk = k.shape[1]
     if q_weight.dtype != q.dtype or k_weight.dtype != k.dtype or d % 2:
         raise ValueError(f"qk_norm_rope: {q.dtype} heads of size {d} with {q_weight.dtype} norm weights")
+    if kv_write is not None:
+        check_kv_write(kv_write, k)
     qo = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     ko = torch.empty((t, hk, d), dtype=k.dtype, device=k.device)
     if t:
-        _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko)
+        _launch_rope(positions, q, k, q_weight, k_weight, eps, cos, sin, qo, ko, kv_write)
     return qo, ko

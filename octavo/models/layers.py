@@ -239,20 +239,40 @@ class RotaryEmbedding(nn.Module):
         sin = sin_t[rows].unsqueeze(1)
         return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
-    def forward_qk_normed(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm
-    ):
-        """``forward(positions, q_norm(q), k_norm(k))`` (Qwen3's per-head q/k norms): one fused
-        launch where the bound kernels have it, both norms are this module's ``RMSNorm`` (``x /
-        rms(x) * w``; not a subclass or another norm such as Gemma's ``* (1 + w)``) and the whole
-        head rotates, else the three ops."""
+    def _fused_qk_norm_rope(self, q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm):
+        """The bound ``qk_norm_rope`` kernel when ``forward_qk_normed`` may take it (both norms
+        this module's ``RMSNorm``: ``x / rms(x) * w``, not a subclass or another norm such as
+        Gemma's ``* (1 + w)``; the whole head rotates), else None."""
         ops = _use_fused(fused_ops_of(self), q)
         fused = getattr(ops, "qk_norm_rope", None) if getattr(ops, "QK_NORM_ROPE_ENABLED", False) else None
         if (
             fused is not None and type(q_norm) is RMSNorm and type(k_norm) is RMSNorm
             and q_norm.eps == k_norm.eps and self.cos.shape[-1] == q.shape[-1]
-            and q_norm.weight.dtype == q.dtype and k_norm.weight.dtype == k.dtype
+            and q_norm.weight.dtype == q.dtype and k_norm.weight.dtype == q.dtype
         ):
+            return fused
+        return None
+
+    def writes_kv(self, q: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> bool:
+        """Whether ``forward_qk_normed`` can take a ``kv_write`` for these arguments: the fused
+        launch is taken and the bound kernels write the KV cache in it (``KV_WRITE_IN_ROPE``)."""
+        ops = fused_ops_of(self)
+        return getattr(ops, "KV_WRITE_IN_ROPE", False) and self._fused_qk_norm_rope(q, q_norm, k_norm) is not None
+
+    def forward_qk_normed(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm,
+        kv_write: tuple | None = None,
+    ):
+        """``forward(positions, q_norm(q), k_norm(k))`` (Qwen3's per-head q/k norms): one fused
+        launch where ``_fused_qk_norm_rope`` allows it, else the three ops. ``kv_write = (v,
+        kv_cache, slot_mapping, k_scale, v_scale)``: the fused launch also writes the rotated k
+        and v into the paged KV cache (only where ``writes_kv`` said so; else ValueError)."""
+        fused = self._fused_qk_norm_rope(q, q_norm, k_norm)
+        if fused is not None:
             cos_t, sin_t, rows = self._tables(positions)
+            if kv_write is not None:
+                return fused(rows, q, k, q_norm.weight, k_norm.weight, q_norm.eps, cos_t, sin_t, kv_write=kv_write)
             return fused(rows, q, k, q_norm.weight, k_norm.weight, q_norm.eps, cos_t, sin_t)
+        if kv_write is not None:
+            raise ValueError("kv_write needs the fused q/k norm + RoPE launch (RotaryEmbedding.writes_kv)")
         return self(positions, q_norm(q), k_norm(k))

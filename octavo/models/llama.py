@@ -39,10 +39,24 @@ class Attention(nn.Module):
         self.kv_cache: torch.Tensor | None = None
         self.kv_group = 0
 
-    def forward(self, q, k, v, attn_metadata):
+    def forward(self, q, k, v, attn_metadata, kv_written: bool = False):
+        """Attention of ``q`` over the cache; ``kv_written``: this step's K/V are already in the
+        cache at the slot mapping (written from ``kv_write_target`` in the RoPE launch)."""
         if attn_metadata.__class__ is KVGroupMetadata:
             attn_metadata = attn_metadata.groups[self.kv_group]
+        if kv_written:
+            return self.impl.forward(q, k, v, self.kv_cache, attn_metadata, kv_written=True)
         return self.impl.forward(q, k, v, self.kv_cache, attn_metadata)
+
+    def kv_write_target(self, v: torch.Tensor, attn_metadata) -> tuple | None:
+        """``(v, kv cache, slot mapping, k scale, v scale)``: where another launch may write this
+        step's K/V before ``forward(kv_written=True)``; None where the backend writes them itself
+        (its impl lacks ``supports_kv_written``) or there is no cache yet (memory profiling)."""
+        if not self.impl.supports_kv_written or self.kv_cache is None:
+            return None
+        if attn_metadata.__class__ is KVGroupMetadata:
+            attn_metadata = attn_metadata.groups[self.kv_group]
+        return v, self.kv_cache, attn_metadata.slot_mapping, self.impl.k_scale, self.impl.v_scale
 
 
 class LlamaAttention(nn.Module):
@@ -83,11 +97,14 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        kv_write = None
         if self.qk_norm:
-            q, k = self.rotary_emb.forward_qk_normed(positions, q, k, self.q_norm, self.k_norm)
+            if self.rotary_emb.writes_kv(q, self.q_norm, self.k_norm):
+                kv_write = self.attn.kv_write_target(v, attn_metadata)  # K/V written in the RoPE launch
+            q, k = self.rotary_emb.forward_qk_normed(positions, q, k, self.q_norm, self.k_norm, kv_write)
         else:
             q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q, k, v, attn_metadata)
+        out = self.attn(q, k, v, attn_metadata, kv_written=kv_write is not None)
         return linear(self.o_proj, out.reshape(-1, self.q_size))
 
 

@@ -33,7 +33,7 @@ def _quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor
 
 
 def _case(seqs, dtype, fmt, k_scale, v_scale, *, heads=4, kv_heads=2, head_size=32, block_size=16,
-          segments=1):
+          segments=1, fused=False):
     from octavo.attention.backends.torch_ref import paged_attention_ref
     from octavo.attention.backends.torch_ref import write_kv as ref_write
     from octavo.attention.ops.paged_attention import paged_attention
@@ -55,17 +55,18 @@ def _case(seqs, dtype, fmt, k_scale, v_scale, *, heads=4, kv_heads=2, head_size=
     ref = paged_attention_ref(q.double(), deq, md, scale)
     out = torch.full_like(q, float("nan"))
     paged_attention(q, stored, out, md.query_start_loc, md.seq_lens, md.block_table, md.num_reqs,
-                    md.max_query_len, scale, num_segments=segments, tile=16 if segments > 1 else None,
+                    md.max_query_len, scale, num_segments=segments, tile=16 if segments > 1 else None, fused_reduce=fused,
                     k_scale=k_scale, v_scale=v_scale)
     return out, ref, (q, k, v, fp8, md, stored)
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("segments", [1, 4])
-def test_attention_reads_the_fp8_cache(fmt, segments):
+@pytest.mark.parametrize("segments,fused", [(1, False), (4, False), (4, True), (16, True)])
+def test_attention_reads_the_fp8_cache(fmt, segments, fused):
     seqs = [(0, 5), (17, 1), (30, 12), (15, 1)] if segments == 1 else [(100, 1), (47, 1), (64, 3)]
     for dtype in (torch.float32, torch.bfloat16 if HAS_GPU else torch.float16):
-        out, ref, _ = _case(seqs, dtype, fmt, k_scale=0.5, v_scale=1.5, segments=segments)
+        out, ref, _ = _case(seqs, dtype, fmt, k_scale=0.5, v_scale=1.5, segments=segments,
+                          fused=fused)
         assert not torch.isnan(out).any()
         assert rel_err(out, ref) < {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
 

@@ -113,7 +113,7 @@ def test_cpu_paged(variant, dtype, window, cap):
     assert rel_err(out, ref) < (2e-6 if dtype == torch.float32 else 1e-2)
 
 
-def _check_triton(device: str, dtype, segments: int, window, cap, tol: float) -> None:
+def _check_triton(device: str, dtype, segments: int, window, cap, tol: float, fused: bool = False) -> None:
     pytest.importorskip("triton")
     from octavo.attention.ops.paged_attention import paged_attention
     from octavo.attention.ops.paged_attention import write_kv as triton_write_kv
@@ -128,7 +128,7 @@ def _check_triton(device: str, dtype, segments: int, window, cap, tol: float) ->
     triton_write_kv(k, v, cache, md.slot_mapping)
     out = torch.full_like(q, float("nan"))
     paged_attention(q, cache, out, md.query_start_loc, md.seq_lens, md.block_table, md.num_reqs,
-                    md.max_query_len, 32**-0.5, num_segments=segments, tile=16,
+                    md.max_query_len, 32**-0.5, num_segments=segments, tile=16, fused_reduce=fused,
                     sliding_window=window, logits_soft_cap=cap)
     assert not torch.isnan(out).any()
     assert rel_err(out, ref) < tol
@@ -138,19 +138,19 @@ CASES = [(WINDOW, None), (WINDOW, CAP), (None, CAP)]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter tests run where there is no GPU")
-@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("segments,fused", [(1, False), (2, False), (2, True), (8, True)])
 @pytest.mark.parametrize("window,cap", CASES)
-def test_triton_paged_interpreted(segments, window, cap):
-    _check_triton("cpu", torch.float32, segments, window, cap, 1e-5)
+def test_triton_paged_interpreted(segments, fused, window, cap):
+    _check_triton("cpu", torch.float32, segments, window, cap, 1e-5, fused)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("segments", [1, 2])
+@pytest.mark.parametrize("segments,fused", [(1, False), (2, False), (2, True), (8, True)])
 @pytest.mark.parametrize("window,cap", CASES)
-def test_triton_paged_gpu(dtype, segments, window, cap):
-    _check_triton("cuda", dtype, segments, window, cap, 1e-5 if dtype == torch.float32 else 2e-2)
+def test_triton_paged_gpu(dtype, segments, fused, window, cap):
+    _check_triton("cuda", dtype, segments, window, cap, 1e-5 if dtype == torch.float32 else 2e-2, fused)
 
 
 def test_backend_without_support_refuses():

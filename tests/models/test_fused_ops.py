@@ -115,6 +115,61 @@ def test_qk_normed_rope_fuses_only_plain_rmsnorm_gpu(dtype):
     _check_qk_normed_rope("cuda", dtype)
 
 
+def _check_kv_write_in_rope(device, dtype, cache_dtype=None, tokens=4, heads=4, kv_heads=2, head_dim=32):
+    """``qk_norm_rope(kv_write=...)`` returns what it returns without, and leaves the cache as
+    ``paged_attention.write_kv`` of the rotated k and v does (bit for bit; slot -1: no write)."""
+    from octavo.attention.ops.paged_attention import write_kv
+    from octavo.models import fused_ops, layers
+
+    g = torch.Generator().manual_seed(2)
+
+    def rnd(*s):
+        return torch.randn(*s, generator=g).to(dtype).to(device)
+
+    rope = layers.RotaryEmbedding(_Cfg(), head_dim, 64, dtype).to(device)
+    q, k, v = rnd(tokens, heads, head_dim), rnd(tokens, kv_heads, head_dim), rnd(tokens, kv_heads, head_dim)
+    qw, kw = rnd(head_dim), rnd(head_dim)
+    pos = torch.tensor([0, 7, 63, 5][:tokens], device=device)
+    slots = torch.tensor([5, 40, -1, 17][:tokens], device=device)  # -1: a padding token
+    cache = rnd(2, 4, 16, kv_heads, head_dim).to(cache_dtype or dtype)
+    want_q, want_k = fused_ops.qk_norm_rope(pos, q, k, qw, kw, 1e-6, rope.cos, rope.sin)
+    want = cache.clone()
+    write_kv(want_k, v, want, slots, 0.5, 2.0)
+    got = cache.clone()
+    got_q, got_k = fused_ops.qk_norm_rope(pos, q, k, qw, kw, 1e-6, rope.cos, rope.sin,
+                                          kv_write=(v, got, slots, 0.5, 2.0))
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    assert not torch.equal(got, cache)
+    with pytest.raises(ValueError, match="KV write target"):
+        fused_ops.qk_norm_rope(pos, q, k, qw, kw, 1e-6, rope.cos, rope.sin, kv_write=(v, got, slots[:1], 1.0, 1.0))
+
+
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+def test_kv_write_in_rope_interpreted():
+    _check_kv_write_in_rope("cpu", torch.float32)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.bfloat16, None), (torch.float32, None),
+                                               (torch.bfloat16, torch.float8_e4m3fn)])
+def test_kv_write_in_rope_gpu(dtype, cache_dtype):
+    _check_kv_write_in_rope("cuda", dtype, cache_dtype, tokens=4, heads=32, kv_heads=4, head_dim=128)
+
+
+def test_kv_write_needs_the_fused_launch():
+    """An eager (unbound) RoPE cannot write the cache: asked to, it refuses."""
+    from octavo.models import layers
+
+    rope = layers.RotaryEmbedding(_Cfg(), 32, 64, torch.float32)
+    qn, kn = layers.RMSNorm(32, 1e-6), layers.RMSNorm(32, 1e-6)
+    q, k = torch.randn(2, 4, 32), torch.randn(2, 2, 32)
+    assert not rope.writes_kv(q, qn, kn)
+    with pytest.raises(ValueError, match="kv_write"):
+        rope.forward_qk_normed(torch.tensor([0, 1]), q, k, qn, kn, (k, None, None, 1.0, 1.0))
+
+
 def test_platforms_bind_triton_only_on_gpus():
     """CPU models never reach Triton (the fp32 HF-equivalence path stays pure torch)."""
     from octavo.platforms.cpu import CpuPlatform

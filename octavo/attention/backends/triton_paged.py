@@ -5,9 +5,11 @@ KV cache layout per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size
 
 Per layer ``forward`` launches one KV-write kernel and one attention kernel over the whole
 mixed batch (prefill chunks and decodes together); steps of decodes or short verify chunks with
-few requests and long contexts take the split-KV variant (one more small reduction launch). Nothing here reads a
-device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's
-shapes depend only on (num tokens, num requests), and the split decision only on static facts.
+few requests and long contexts take the split-KV variant (one more small merge launch, or the
+merge inside the attention launch with ``paged_attention.FUSED_SPLIT_REDUCE``). A model may write
+the K/V itself in an earlier launch (Qwen3's q/k norm + RoPE) and pass ``kv_written=True``.
+Nothing here reads a device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's shapes depend only on
+(num tokens, num requests), and the split decision only on static facts.
 """
 
 from __future__ import annotations
@@ -54,23 +56,26 @@ class TritonPagedMetadata:
     num_actual_tokens: int
     max_query_len: int
     max_seq_len: int
-    # Split-KV partial buffers, shared by every layer of the step (layers run in order).
+    # Split-KV partial buffers and arrival counters, shared by every layer of the step (layers
+    # run in order; each launch leaves the counters zero, also in every graph replay).
     workspaces: dict[tuple, Any] = field(default_factory=dict)
 
 
 class TritonPagedImpl(AttentionImpl):
     supports_sliding_window = True
     supports_logits_soft_cap = True
+    supports_kv_written = True
     # An fp8 cache's per-layer scales (``octavo.attention.kv_cache_dtype``): the checkpoint's
     # (``octavo.models.kv_scales`` sets them on the layer's instance), else 1.0.
     k_scale = 1.0
     v_scale = 1.0
 
-    def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata):
+    def forward(self, query, key, value, kv_cache, attn_metadata: TritonPagedMetadata, kv_written: bool = False):
         from octavo.attention.ops.paged_attention import alloc_workspace, paged_attention, write_kv
 
         md = attn_metadata
-        write_kv(key, value, kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
+        if not kv_written:  # else the caller wrote them (``supports_kv_written``)
+            write_kv(key, value, kv_cache, md.slot_mapping, self.k_scale, self.v_scale)
         num_tokens = query.shape[0]
         out = torch.empty(
             (num_tokens, self.num_heads, self.head_size), dtype=query.dtype, device=query.device

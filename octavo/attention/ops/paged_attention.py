@@ -11,9 +11,18 @@ G`` rows per tile). Query blocks never straddle requests: request ``i`` owns pro
 function of (num tokens, num requests) alone, so a captured CUDA graph can replay it.
 
 With ``num_segments > 1`` (flash-decoding) a third grid axis splits each request's KV range
-into segments; each writes an unnormalised partial output with its running max and sum, and
-``_reduce_segments_kernel`` merges them. That fills the GPU when there are few requests and
-long contexts (batch 1 decode has only ``num_kv_heads`` programs otherwise).
+into segments; each writes an unnormalised partial output with its running max and sum. That
+fills the GPU when there are few requests and long contexts (batch 1 decode has only
+``num_kv_heads`` programs otherwise). ``_reduce_segments_kernel`` merges them in a second
+launch. With ``fused_reduce`` (default ``FUSED_SPLIT_REDUCE``) they are merged inside the
+attention launch instead: each program counts itself done on its (query block, KV head)'s
+arrival counter, and the last of the ``num_segments`` to arrive (it sees every other segment's
+partials: their stores precede a CTA barrier and the counter's acquire-release add) merges them
+into ``out`` and sets the counter back to zero, so the counters are zero between launches and
+in every replay of a captured graph (the pattern of ``octavo.models.moe.kernels.triton_router``).
+Off by default: on an H100 at batch-1 decode (767-token context, 16 segments) the fused merge
+made the attention launch ~5 us longer than the separate merge launch costs (~2.5 us with its
+gap), see ``benchmarks/h200_results.md``.
 
 Softmax runs in float32 in base 2 (``log2(e)`` folded into the scale). Every kernel also runs
 under ``TRITON_INTERPRET=1`` on CPU tensors, which is how CI checks them against torch_ref.
@@ -28,6 +37,10 @@ import triton.language as tl
 from octavo.attention.kv_cache_dtype import fp8_max, is_fp8
 
 LOG2E = 1.4426950408889634
+# Split-KV: merge the segments in the attention launch (last-arriving program) rather than in a
+# second launch. Off: measured slower (module docstring). Benchmarks flip it to compare
+# (recapture graphs after flipping it).
+FUSED_SPLIT_REDUCE = False
 
 
 @triton.jit
@@ -57,6 +70,7 @@ def _paged_attention_kernel(
     seg_out_ptr,  # [T, H, NUM_SEGMENTS, HEAD_PAD] fp32 (split mode only)
     seg_max_ptr,  # [T, H, NUM_SEGMENTS] fp32
     seg_sum_ptr,  # [T, H, NUM_SEGMENTS] fp32
+    counter_ptr,  # [>= T * Hk] int32, zero between launches (fused split reduction only)
     scale_log2,  # softmax scale * log2(e) (* the K scale of an fp8 cache)
     v_scale,  # the V scale of an fp8 cache (1.0 otherwise; applied to the output)
     num_seqs,
@@ -84,6 +98,7 @@ def _paged_attention_kernel(
     SLIDING_WINDOW: tl.constexpr = 0,
     SOFTCAP: tl.constexpr = 0.0,
     KV_FP8: tl.constexpr = False,
+    FUSED_REDUCE: tl.constexpr = False,
 ):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -196,14 +211,28 @@ def _paged_attention_kernel(
     if KV_FP8:
         acc = acc * v_scale
     if NUM_SEGMENTS > 1:
-        base = (tok * NUM_HEADS + head) * NUM_SEGMENTS + segment
-        tl.store(seg_max_ptr + base, m_i, mask=row_ok)
-        tl.store(seg_sum_ptr + base, l_i, mask=row_ok)
+        base = (tok * NUM_HEADS + head) * NUM_SEGMENTS
+        tl.store(seg_max_ptr + base + segment, m_i, mask=row_ok)
+        tl.store(seg_sum_ptr + base + segment, l_i, mask=row_ok)
         tl.store(
-            seg_out_ptr + base[:, None] * HEAD_PAD + offs_d[None, :],
+            seg_out_ptr + (base + segment)[:, None] * HEAD_PAD + offs_d[None, :],
             acc,
             mask=row_ok[:, None],
         )
+        if FUSED_REDUCE:
+            tl.debug_barrier()  # every thread's partials are stored before the (release) arrival
+            # One counter per (query block, KV head), indexed by the block's first token.
+            counter = counter_ptr + (q_start + local_block * BLOCK_Q) * (NUM_HEADS // G) + kv_head
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel")
+            if arrived == NUM_SEGMENTS - 1:
+                out = _merge_segments(seg_out_ptr, seg_max_ptr, seg_sum_ptr, base, row_ok, offs_d,
+                                      BLOCK_M, HEAD_PAD, NUM_SEGMENTS)
+                tl.store(
+                    out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+                    out.to(out_ptr.dtype.element_ty),
+                    mask=row_ok[:, None] & d_ok[None, :],
+                )
+                tl.atomic_xchg(counter, 0)
     else:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         tl.store(
@@ -211,6 +240,32 @@ def _paged_attention_kernel(
             out.to(out_ptr.dtype.element_ty),
             mask=row_ok[:, None] & d_ok[None, :],
         )
+
+
+@triton.jit
+def _merge_segments(seg_out_ptr, seg_max_ptr, seg_sum_ptr, base, row_ok, offs_d,
+                    BLOCK_M: tl.constexpr, HEAD_PAD: tl.constexpr, NUM_SEGMENTS: tl.constexpr):
+    """Normalised output [BLOCK_M, HEAD_PAD] of the rows whose partials start at ``base``
+    (``(token * H + head) * NUM_SEGMENTS``): what ``_reduce_segments_kernel`` computes for one
+    row, up to float32 summation order. Loads bypass L1 (``.cg``): the partials were stored by
+    other programs, on other SMs, whose L1 is not coherent with this one's."""
+    offs_s = tl.arange(0, NUM_SEGMENTS)
+    m = tl.load(seg_max_ptr + base[:, None] + offs_s[None, :], mask=row_ok[:, None],
+                other=float("-inf"), cache_modifier=".cg")
+    m_all = tl.max(m, axis=1)
+    m_all = tl.where(m_all == float("-inf"), 0.0, m_all)  # rows past the batch: no -inf - -inf
+    w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_all[:, None]))
+    l_seg = tl.load(seg_sum_ptr + base[:, None] + offs_s[None, :], mask=row_ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+    l_all = tl.sum(l_seg * w, axis=1)
+    acc = tl.zeros([BLOCK_M, HEAD_PAD], dtype=tl.float32)
+    for s in tl.static_range(NUM_SEGMENTS):
+        m_s = tl.load(seg_max_ptr + base + s, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        w_s = tl.where(m_s == float("-inf"), 0.0, tl.exp2(m_s - m_all))
+        part = tl.load(seg_out_ptr + (base + s)[:, None] * HEAD_PAD + offs_d[None, :],
+                       mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+        acc += part * w_s[:, None]
+    return acc / tl.where(l_all == 0.0, 1.0, l_all)[:, None]
 
 
 @triton.jit
@@ -320,6 +375,9 @@ def pick_block_m(group: int, max_query_len: int) -> int:
     return base
 
 
+Workspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 def paged_attention(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -331,17 +389,20 @@ def paged_attention(
     max_query_len: int,
     scale: float,
     num_segments: int = 1,
-    workspace: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    workspace: Workspace | None = None,
     tile: int | None = None,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    fused_reduce: bool | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of ``query`` [T, H, D] over each request's cached + new keys.
 
     ``num_segments > 1`` selects the split-KV variant (``workspace`` may hold its partial
-    buffers, from ``alloc_workspace``; else they are allocated here). ``tile``: keys per
+    buffers and arrival counters, from ``alloc_workspace``: the counters must be zero and are
+    left zero; else they are allocated here). ``fused_reduce``: merge the segments in the
+    attention launch (default ``FUSED_SPLIT_REDUCE``) or in a second launch. ``tile``: keys per
     loop iteration (default 64, 32 for head sizes over 128). ``sliding_window``: a query at
     position p sees keys (p - window, p] only. ``logits_soft_cap``: scores become
     ``cap * tanh(score / cap)`` before the softmax. An fp8 cache (``--kv-cache-dtype fp8``) is
@@ -360,16 +421,20 @@ def paged_attention(
     kc, vc = kv_cache[0], kv_cache[1]
     assert query.stride(-1) == 1 and out.stride(-1) == 1 and kc.stride(-1) == 1
     num_q_blocks = num_tokens // block_q + num_seqs
+    fused = FUSED_SPLIT_REDUCE if fused_reduce is None else fused_reduce
     if num_segments > 1:
+        if num_segments & (num_segments - 1):
+            raise ValueError(f"num_segments must be a power of two, got {num_segments}")
         if workspace is None:
             workspace = alloc_workspace(num_tokens, num_heads, head_size, num_segments, query.device)
-        seg_out, seg_max, seg_sum = workspace
+        _check_workspace(workspace, num_tokens, num_heads, head_pad, num_segments, num_kv_heads)
+        seg_out, seg_max, seg_sum, counters = workspace
     else:
-        seg_out = seg_max = seg_sum = out  # unused
+        seg_out = seg_max = seg_sum = counters = out  # unused
     num_warps = 8 if block_m * head_pad >= 64 * 256 else 4
     _paged_attention_kernel[(num_q_blocks, num_kv_heads, num_segments)](
         out, query, kc, vc, block_table, seq_lens, query_start_loc,
-        seg_out, seg_max, seg_sum,
+        seg_out, seg_max, seg_sum, counters,
         scale * LOG2E * k_scale, v_scale, num_seqs,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2),
@@ -388,29 +453,54 @@ def paged_attention(
         SLIDING_WINDOW=sliding_window or 0,
         SOFTCAP=float(logits_soft_cap or 0.0),
         KV_FP8=is_fp8(kc.dtype),
+        FUSED_REDUCE=num_segments > 1 and fused,
         num_warps=num_warps,
         num_stages=2,
     )
-    if num_segments > 1:
-        _reduce_segments_kernel[(num_tokens, num_heads)](
-            out, seg_out, seg_max, seg_sum,
-            out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads,
-            HEAD_SIZE=head_size,
-            HEAD_PAD=head_pad,
-            NUM_SEGMENTS=num_segments,
-            num_warps=1 if head_pad * num_segments <= 2048 else 4,
-        )
+    if num_segments > 1 and not fused:
+        _reduce_segments(out, seg_out, seg_max, seg_sum, head_size, head_pad, num_segments)
     return out
+
+
+def _reduce_segments(out, seg_out, seg_max, seg_sum, head_size: int, head_pad: int, num_segments: int) -> None:
+    """The split-KV merge as a launch of its own (``fused_reduce=False``)."""
+    num_tokens, num_heads = out.shape[0], out.shape[1]
+    _reduce_segments_kernel[(num_tokens, num_heads)](
+        out, seg_out, seg_max, seg_sum,
+        out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_SIZE=head_size,
+        HEAD_PAD=head_pad,
+        NUM_SEGMENTS=num_segments,
+        num_warps=1 if head_pad * num_segments <= 2048 else 4,
+    )
+
+
+def _check_workspace(ws, num_tokens: int, num_heads: int, head_pad: int, num_segments: int,
+                     num_kv_heads: int) -> None:
+    """A workspace too small for this launch would be written out of bounds: refuse it."""
+    if len(ws) != 4:
+        raise ValueError(f"a split-KV workspace is (out, max, sum, counters) from alloc_workspace, got {len(ws)} tensors")
+    seg_out, seg_max, seg_sum, counters = ws
+    rows = num_tokens * num_heads * num_segments
+    if seg_out.numel() < rows * head_pad or seg_max.numel() < rows or seg_sum.numel() < rows:
+        raise ValueError(f"split-KV workspace too small for {num_tokens} tokens x {num_heads} heads x "
+                         f"{num_segments} segments")
+    if counters.dtype != torch.int32 or counters.numel() < num_tokens * num_kv_heads:
+        raise ValueError(f"{num_tokens} tokens x {num_kv_heads} KV heads need as many int32 counters, "
+                         f"got {counters.numel()} {counters.dtype}")
 
 
 def alloc_workspace(
     num_tokens: int, num_heads: int, head_size: int, num_segments: int, device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Partial-output buffers of the split-KV variant (float32)."""
+) -> Workspace:
+    """Buffers of the split-KV variant: partial outputs, maxima and sums (float32), and the
+    arrival counters of the in-launch merge (int32, zero; every launch leaves them zero, so one
+    workspace serves every layer of a step and every replay of a captured graph)."""
     head_pad = max(16, triton.next_power_of_2(head_size))
     return (
         torch.empty(num_tokens, num_heads, num_segments, head_pad, dtype=torch.float32, device=device),
         torch.empty(num_tokens, num_heads, num_segments, dtype=torch.float32, device=device),
         torch.empty(num_tokens, num_heads, num_segments, dtype=torch.float32, device=device),
+        torch.zeros(num_tokens * num_heads, dtype=torch.int32, device=device),
     )
