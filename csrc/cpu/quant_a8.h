@@ -86,6 +86,7 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
     __m512i acc[MR][NT][2];
     for (int i = 0; i < MR; ++i)
       for (int t = 0; t < NT; ++t) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_si512();
+    if (MR == 1) prefetch_scales<NT>(s, z, sz_stride, g, G, w.zero_point < 0.f);
     for (int64_t k = k0; k < k1; k += 4) {
       for (int t = 0; t < NT; ++t) {
         const uint8_t* wt = wp + t * tile_stride;

@@ -223,6 +223,26 @@ static inline void gemv_group(const uint8_t* wp, int64_t tile_stride, const floa
   }
 }
 
+// Batch 1 streams a tile's scales (and zeros, where they are not one constant) beside its codes:
+// two lines per tile and scale group, read when the group ends. Without a prefetch each of them
+// came from memory then, a wait every 16 code rows at groups of 32 (INT4 g32, every linear of
+// the SmolLM2-135M shape at batch 1, 2-core Zen 5, same process: 0.89-0.90x the time with them
+// prefetched kScaleAhead groups ahead). s, z: the first tile's scales and zeros of this call.
+constexpr int kScaleAhead = 4;
+template <int NT>
+static inline void prefetch_scales(const float* s, const float* z, int64_t sz_stride, int g, int G, bool zeros) {
+  if (g + kScaleAhead >= G) return;
+  const int64_t off = (int64_t)(g + kScaleAhead) * kQuantTile;
+  for (int t = 0; t < NT; ++t) {
+    __builtin_prefetch(s + t * sz_stride + off);
+    __builtin_prefetch(s + t * sz_stride + off + 16);
+    if (zeros) {
+      __builtin_prefetch(z + t * sz_stride + off);
+      __builtin_prefetch(z + t * sz_stride + off + 16);
+    }
+  }
+}
+
 // NT consecutive tiles from tile0, batch 1
 template <int DT, int BITS, int NT>
 static void gemv_tiles(const LinearCtx& c, int64_t tile0) {
@@ -242,6 +262,7 @@ static void gemv_tiles(const LinearCtx& c, int64_t tile0) {
     const int64_t r1 = g + 1 == G ? nrows : r0 + rows_per_group;
     F a[NT][2];
     for (int t = 0; t < NT; ++t) a[t][0] = a[t][1] = zero();
+    prefetch_scales<NT>(s, z, sz_stride, g, G, w.zero_point < 0.f);
     gemv_group<BITS, NT>(wp, tile_stride, c.xf, r0, r1, a);
     const F xs = bcast(c.xsum[g]);
     if (w.zero_point >= 0.f) {  // the same products, the zero point from a register
