@@ -91,6 +91,8 @@ def test_fp16_bias_and_leading_dims(variant):
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("block_tiles", [2, 1000], ids=["blocks", "one_block"])
 def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
+    """Past GEMM_MAX_ROWS the weight is dequantized (block by block for float32; whole for bf16
+    without AMX: test_large_bf16_batches_dequantize_the_whole_weight)."""
     n, k = 130, 448  # 5 tiles: blocks of 2, 2 and a partial 1
     monkeypatch.setattr(cpu_int, "BLAS_BLOCK_BYTES", block_tiles * k * 4 * cpu_int.TILE)
     q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=4)
@@ -105,6 +107,27 @@ def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
         y = cpu_int.int_linear(x, packed, bias)
         assert y.shape == (m, n) and y.dtype == dtype and y.is_contiguous()
         assert rel_err(y, reference(x, q, scales, zeros, bias)) < tol
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_large_bf16_batches_dequantize_the_whole_weight(bits):
+    """Without AMX, weight-only bf16 batches past GEMM_MAX_ROWS take one GEMM over the whole
+    weight in bf16: the same bf16 weight as the block-by-block BLAS path, so the same result up
+    to the GEMM's summation order; fewer rows stay in the C++ kernel, other dtypes in blocks."""
+    n, k = 130, 448
+    q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=12)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, amx=False)
+    m = cpu_int.GEMM_MAX_ROWS + 1
+    assert cpu_int.runs_in_kernel(packed, m - 1, torch.bfloat16)
+    assert cpu_int._dequant_gemm(packed, m, torch.bfloat16)
+    assert not cpu_int._dequant_gemm(packed, m, torch.float32)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(13)).to(torch.bfloat16)
+    bias = torch.randn(n)
+    y = cpu_int.int_linear(x, packed, bias)
+    assert y.shape == (m, n) and y.dtype == torch.bfloat16 and y.is_contiguous()
+    assert rel_err(y, reference(x, q, scales, zeros, bias)) < 2e-2  # bf16 weights in the GEMM
+    blocks = cpu_int._blas_linear(x, packed) + bias.to(torch.bfloat16)
+    assert rel_err(y, blocks.float()) < 8e-3
 
 
 AMX_VARIANTS = [v for v in VARIANTS if cpu_isa.load_variant(v).int_amx()]
