@@ -53,6 +53,13 @@ A8_AMX_MIN_ROWS = 8
 # kernel from about these sizes (SmolLM2-135M shapes, 2 threads: 2048 rows INT8 7.9 -> 6.4 ms
 # per layer, 1024 rows INT4 g32 7.2 -> 4.6 ms; at 64-128 rows the C++ kernel is 2-3x faster)
 DEQUANT_GEMM_MIN_ROWS = {8: 1536, 4: 256}
+# Without AMX, past GEMM_MAX_ROWS: the whole weight dequantized for one GEMM where its bf16 copy
+# stays in cache (every decoder linear of a small model), else only from WHOLE_DEQUANT_MIN_ROWS
+# rows (below that, a 57 MB bf16 lm_head written and read back through memory costs more than it
+# saves: INT8 49152 x 576, 2-core Zen 5, blocks vs whole: 48 rows 11.2 vs 38.8 ms, 256 rows 43 vs
+# 59 ms, 512 rows 146 vs 114 ms).
+WHOLE_DEQUANT_MAX_BYTES = 16 << 20
+WHOLE_DEQUANT_MIN_ROWS = 512
 
 cpu_isa.load_extension()  # ImportError (with the reason) when no kernel variant runs here
 
@@ -194,14 +201,18 @@ def _blas_linear(x2: torch.Tensor, packed: PackedInt) -> torch.Tensor:
 
 def _dequant_gemm(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:
     """Whether ``int_linear`` dequantizes the whole weight for torch's GEMM: weight-only bf16
-    batches of ``DEQUANT_GEMM_MIN_ROWS`` rows on an AMX CPU, and of more than ``GEMM_MAX_ROWS``
-    elsewhere. The weight is the same bf16 dequantization ``_blas_linear`` makes block by block,
-    but one GEMM over it beats a GEMM per block plus the transposed copy of the result (every
-    linear of the SmolLM2-135M shape, INT8, 2-core Zen 5: 2048 rows 37.7 -> 19.7 ms, as fast as
-    the bf16 weights; 256 rows 4.7 -> 3.3 ms; 64 rows 1.85 -> 1.37 ms)."""
+    batches of ``DEQUANT_GEMM_MIN_ROWS`` rows on an AMX CPU; elsewhere past ``GEMM_MAX_ROWS``
+    where the bf16 copy fits ``WHOLE_DEQUANT_MAX_BYTES``, and from ``WHOLE_DEQUANT_MIN_ROWS``
+    for larger weights. The weight is the same bf16 dequantization ``_blas_linear`` makes block
+    by block, but one GEMM over it beats a GEMM per block plus the transposed copy of the result
+    (the decoder linears of the SmolLM2-135M shape, INT8, 2-core Zen 5: 2048 rows 37.7 -> 19.7
+    ms, as fast as the bf16 weights; 48-512 rows 0.63-0.82x the time)."""
     if packed.a8 or dtype != torch.bfloat16:
         return False
-    return rows >= DEQUANT_GEMM_MIN_ROWS[packed.bits] if packed.amx else rows > GEMM_MAX_ROWS
+    if packed.amx:
+        return rows >= DEQUANT_GEMM_MIN_ROWS[packed.bits]
+    small = packed.n * packed.k * 2 <= WHOLE_DEQUANT_MAX_BYTES
+    return rows > GEMM_MAX_ROWS and (small or rows >= WHOLE_DEQUANT_MIN_ROWS)
 
 
 def runs_in_kernel(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:

@@ -121,6 +121,12 @@ def test_large_bf16_batches_dequantize_the_whole_weight(bits):
     assert cpu_int.runs_in_kernel(packed, m - 1, torch.bfloat16)
     assert cpu_int._dequant_gemm(packed, m, torch.bfloat16)
     assert not cpu_int._dequant_gemm(packed, m, torch.float32)
+    # a weight too large to stay in cache dequantized: blocks until WHOLE_DEQUANT_MIN_ROWS
+    big = cpu_int.prepack_int(torch.zeros(16384, 576, dtype=torch.uint8), torch.ones(16384, 1),
+                              torch.zeros(16384, 1, dtype=torch.uint8), 8, amx=False)
+    assert big.n * big.k * 2 > cpu_int.WHOLE_DEQUANT_MAX_BYTES
+    assert not cpu_int._dequant_gemm(big, m, torch.bfloat16)
+    assert cpu_int._dequant_gemm(big, cpu_int.WHOLE_DEQUANT_MIN_ROWS, torch.bfloat16)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(13)).to(torch.bfloat16)
     bias = torch.randn(n)
     y = cpu_int.int_linear(x, packed, bias)
