@@ -11,7 +11,9 @@ float32 and rounding once to x's dtype: for up to ``GEMM_MAX_ROWS`` rows in the 
 (weights decoded in registers, reused by a block of rows), beyond that by dequantizing a block
 of tiles at a time into a cache-sized buffer in x's dtype (C++) and multiplying each block with
 torch's BLAS (prefill batches are compute-bound, and the BLAS has the better micro-kernel); the
-weight is still read from memory as codes only. Where the CPU has AMX (``PackedInt.amx``), bf16
+weight is still read from memory as codes only. bf16 batches whose weight dequantized to bf16
+stays in cache (``WHOLE_DEQUANT_MAX_BYTES``), and larger weights from ``WHOLE_DEQUANT_MIN_ROWS``
+rows, dequantize the whole weight once for one GEMM instead (``_dequant_gemm``). Where the CPU has AMX (``PackedInt.amx``), bf16
 batches of 5 rows and more run in C++ instead: each thread dequantizes its weight tiles once
 into a cache-resident bf16 buffer and multiplies on the AMX tiles, the scales applied per group
 in fp32 (exact weight-only semantics; ``csrc/cpu/quant_amx.h``) -- up to
