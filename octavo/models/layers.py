@@ -270,9 +270,7 @@ class RotaryEmbedding(nn.Module):
         fused = self._fused_qk_norm_rope(q, q_norm, k_norm)
         if fused is not None:
             cos_t, sin_t, rows = self._tables(positions)
-            if kv_write is not None:
-                return fused(rows, q, k, q_norm.weight, k_norm.weight, q_norm.eps, cos_t, sin_t, kv_write=kv_write)
-            return fused(rows, q, k, q_norm.weight, k_norm.weight, q_norm.eps, cos_t, sin_t)
+            return fused(rows, q, k, q_norm.weight, k_norm.weight, q_norm.eps, cos_t, sin_t, kv_write=kv_write)
         if kv_write is not None:
             raise ValueError("kv_write needs the fused q/k norm + RoPE launch (RotaryEmbedding.writes_kv)")
         return self(positions, q_norm(q), k_norm(k))
