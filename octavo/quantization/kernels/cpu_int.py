@@ -44,6 +44,10 @@ from octavo import cpu_isa
 TILE = 32  # output channels per tile (kQuantTile in quant_api.h)
 # Rows above which the weight is dequantized block by block and multiplied by torch's BLAS.
 GEMM_MAX_ROWS = 40
+# bf16 batches of DPBF16_MIN_ROWS to GEMM_MAX_ROWS rows, kernel build avx512_bf16 without AMX
+# (PackedInt.dpbf16): each thread dequantizes its weight tiles once into bf16 (q - z) pairs and
+# multiplies them by VDPBF16PS (csrc/cpu/quant_dpbf16.h) instead of the fp32-FMA GEMM
+DPBF16_MIN_ROWS = 5
 BLAS_BLOCK_BYTES = 1 << 20  # one dequantized block of tiles (stays in L2)
 AMX_K = 32  # the AMX path needs groups of a multiple of this (or one group per row)
 A8_MAX_GROUP = 65536  # int8 activations: int32 sums of 255 * 128 * group stay exact
@@ -86,9 +90,15 @@ class PackedInt:
     ext: ModuleType
     amx: bool = False  # bf16 batches of >= 5 rows run on AMX (any M; no BLAS path)
     a8: bool = False  # every batch: int8 activations, integer dot products (int_linear_a8)
+    dpbf16: bool = False  # bf16 batches of DPBF16_MIN_ROWS..GEMM_MAX_ROWS rows: the VDPBF16PS kernel
     input_scale: float = 0.0  # a8 with a static activation scale (> 0); 0: per token
     # >= 0: every zero point is this code (symmetric weights): batch 1 does not stream zeros
     zero_point: float = -1.0
+
+    @property
+    def dp_min_rows(self) -> int:
+        """The kernels' threshold for the VDPBF16PS path (0: never): ``DPBF16_MIN_ROWS`` or 0."""
+        return DPBF16_MIN_ROWS if self.dpbf16 else 0
 
     @property
     def nbytes(self) -> int:
@@ -139,12 +149,13 @@ def a8_unsupported(k: int, group: int, ext: ModuleType) -> str | None:
 
 def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
                 *, variant: str | None = None, amx: bool = True, act_int8: bool = False,
-                input_scale: float | None = None) -> PackedInt:
+                input_scale: float | None = None, dpbf16: bool = True) -> PackedInt:
     """Repack a canonical INT8 / INT4 weight for ``int_linear`` (once, at load).
 
     ``variant`` names a kernel build (``avx512_bf16``, ``avx2``, ...) instead of the selected one
     (tests and benchmarks compare them); the caller makes sure this CPU runs it. ``amx=False``
-    keeps bf16 batches off the AMX path even where the CPU has it (comparisons). ``act_int8``:
+    keeps bf16 batches off the AMX path even where the CPU has it (comparisons), ``dpbf16=False``
+    off the VDPBF16PS one. ``act_int8``:
     every call quantizes x to int8 (per token, or by the static ``input_scale``); LookupError
     where that cannot run here (``a8_unsupported``).
     """
@@ -170,6 +181,7 @@ def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits
         n=n, k=k, group=group, bits=bits, ext=ext,
         amx=amx and ext.int_amx() and (group == k or group % AMX_K == 0),
         a8=act_int8, input_scale=float(input_scale or 0.0),
+        dpbf16=dpbf16 and ext.int_dpbf16() and (group == k or group % 2 == 0),
         zero_point=float(z0) if bool((z == z0).all()) else -1.0,
     )
 
@@ -261,5 +273,5 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
                             w.input_scale, 0, w.amx, w.zero_point)
     else:
         w.ext.int_linear(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias, 0, w.amx,
-                         w.zero_point)
+                         w.zero_point, w.dp_min_rows)
     return out if x2 is x else out.view(*x.shape[:-1], w.n)

@@ -5,7 +5,8 @@ too where the CPU also has avx512_bf16), over shapes that are not multiples of t
 tile (N) nor of anything but the group (K; odd K per-channel), group sizes 32/64/128 and
 per-channel, symmetric and asymmetric zero points, M = 1..33 (the GEMV, every remainder of the
 GEMM row blocks) and beyond (the dequantize + BLAS path, or on a CPU with AMX the AMX path for
-bf16 batches of >= 5 rows), bf16 / fp32 / fp16 activations.
+bf16 batches of >= 5 rows), the VDPBF16PS path of the avx512_bf16 build for bf16 batches of
+DPBF16_MIN_ROWS..GEMM_MAX_ROWS rows, bf16 / fp32 / fp16 activations.
 Variants this machine cannot run (NEON) are compile-checked by ``nox -s test-cpu-isa``.
 """
 
@@ -193,6 +194,62 @@ def test_prefill_batches_dequantize_for_the_gemm(bits):
     assert rel_err(y, reference(x, q, scales, zeros, bias)) < 2e-2  # bf16 weights in the GEMM
     y3 = cpu_int.int_linear(x.view(1, m + 3, k), packed, bias)
     assert y3.shape == (1, m + 3, n) and torch.equal(y3[0], y)
+
+
+DP_VARIANTS = [v for v in VARIANTS if cpu_isa.load_variant(v).int_dpbf16()]
+
+
+@pytest.mark.skipif(not DP_VARIANTS, reason="no kernel variant has the VDPBF16PS path on this CPU")
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("shape", [*SHAPES, (64, 96, 16), (1000, 1536, 32)],
+                         ids=lambda s: f"n{s[0]}k{s[1]}g{s[2] or 'row'}")
+def test_dpbf16_batches_match_reference(bits, sym, shape):
+    """bf16 batches of DPBF16_MIN_ROWS..GEMM_MAX_ROWS rows on VDPBF16PS (kept off AMX, so the
+    vector kernel runs on any CPU with the build): every remainder of the row blocks (one group
+    and several), N not a multiple of the tile, odd K, bias, strided rows; close to the
+    reference and to the fp32-FMA GEMM; fp32 batches and fewer rows keep the other kernels."""
+    n, k, group = shape
+    q, scales, zeros = make_weight(n, k, group, bits, sym, seed=14)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=DP_VARIANTS[0], amx=False)
+    plain = cpu_int.prepack_int(q, scales, zeros, bits, variant=DP_VARIANTS[0], amx=False, dpbf16=False)
+    assert packed.dpbf16 and packed.dp_min_rows == cpu_int.DPBF16_MIN_ROWS and plain.dp_min_rows == 0
+    g = torch.Generator().manual_seed(15)
+    bias = torch.randn(n, generator=g)
+    lo = cpu_int.DPBF16_MIN_ROWS
+    for m in sorted({lo - 1, *range(lo, lo + 9), 13, 16, 31, 32, 33, cpu_int.GEMM_MAX_ROWS}):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(m, k + 8, generator=g).to(dtype)[:, 3:3 + k]  # row stride k + 8
+            ref = reference(x, q, scales, zeros, bias)
+            y = cpu_int.int_linear(x, packed, bias)
+            assert y.shape == (m, n) and y.dtype == dtype
+            assert rel_err(y, ref) < TOL[dtype], f"M={m} {dtype}: relative error {rel_err(y, ref):.2e}"
+            other = cpu_int.int_linear(x, plain, bias)
+            if dtype == torch.float32 or m < lo:  # the same kernel either way
+                assert torch.equal(y, other), f"M={m} {dtype}"
+            else:  # both fp32 sums of the same products, rounded once to bf16
+                assert rel_err(y, other.float()) < 8e-3, f"M={m}"
+
+
+@pytest.mark.skipif(not DP_VARIANTS, reason="no kernel variant has the VDPBF16PS path on this CPU")
+def test_dpbf16_path_is_taken():
+    """dp_min_rows selects the kernel: its fp32 sums run in another order (pairs of k, then the
+    scale once per group) than the FMA GEMM's, so some bf16 outputs differ by a rounding; with
+    dp_min_rows above M, or 0, the GEMM runs (the same bits as without the argument)."""
+    q, scales, zeros = make_weight(1000, 576, None, 8, sym=False, seed=16)
+    packed = cpu_int.prepack_int(q, scales, zeros, 8, variant=DP_VARIANTS[0], amx=False)
+    x = torch.randn(32, 576, generator=torch.Generator().manual_seed(17)).to(torch.bfloat16)
+    ys = {}
+    for rows in (0, 33, 32, 5):
+        ys[rows] = torch.empty(32, 1000, dtype=torch.bfloat16)
+        packed.ext.int_linear(x=x, out=ys[rows], allow_amx=False, dp_min_rows=rows, **packed._kw())
+    assert torch.equal(ys[0], ys[33]) and torch.equal(ys[32], ys[5])
+    assert not torch.equal(ys[0], ys[32])
+    with pytest.raises(ValueError, match="dp_min_rows"):
+        packed.ext.int_linear(x=x, out=ys[0], dp_min_rows=-1, **packed._kw())
+    if "avx512" in VARIANTS:  # the plain AVX-512 build has no such kernel and ignores the argument
+        plain = cpu_int.prepack_int(q, scales, zeros, 8, variant="avx512")
+        assert not plain.dpbf16 and not plain.ext.int_dpbf16()
 
 
 def test_threads_do_not_change_the_result():

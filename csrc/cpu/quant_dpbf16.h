@@ -1,0 +1,135 @@
+// Weight-only INT8 / INT4 linear layers for batches of bf16 rows on VDPBF16PS (AVX512-BF16, no
+// AMX): the vector counterpart of quant_amx.h. Included by quant_impl.h inside namespace
+// octavo::OCTAVO_ISA_NS::quant; compiled only into the avx512_bf16 variant (OCTAVO_QUANT_PAIRS),
+// used for batches of at least IntLinearArgs::dp_min_rows rows (cpu_int.DPBF16_MIN_ROWS; 0: never).
+//
+// Per work item (a run of 32-channel weight tiles, an equal share per thread):
+//   1. up to kDequantStreams tiles at a time are dequantized ONCE into a per-thread buffer of
+//      bf16 (q - z) pairs (quant_pairs.h; 36 KiB per tile at K = 576, so it stays in L1 / L2);
+//   2. for each block of up to kDpRows rows, per scale group: acc += x[rows, 2r : 2r + 2] .
+//      (q - z)[2r : 2r + 2] by VDPBF16PS (x's pair broadcast, 16 channels per instruction, fp32
+//      sums), then y += s * acc in fp32 at the group's end; y is rounded once to bf16.
+// Against the register-blocked fp32 GEMM this dequantizes every weight once per call instead of
+// once per block of 8 rows, and each instruction does two multiply-adds per lane instead of one.
+// Exactness: q - z is an integer of magnitude <= 255, exact in bf16, and x is bf16 already, so
+// every product is exact; only the fp32 summation order (and VDPBF16PS flushing denormal sums to
+// zero) differs from the reference x . ((q - z) * s) -- the AMX path's semantics. Needs one group
+// per row or an even group (a pair never straddles two groups); K is padded to even (x included).
+
+#if OCTAVO_QUANT_PAIRS
+
+constexpr int kDpRows = 8;        // rows per register block, one scale group (16 accumulators)
+constexpr int kDpRowsGroups = 6;  // several groups: the group sums and y in registers (24 + 2)
+
+static inline bool dp_applies(const IntLinearArgs& a) {
+  const IntWeights& w = a.w;
+  return a.dp_min_rows > 0 && a.m >= a.dp_min_rows && a.dtype == kBFloat16 &&
+         (n_groups(w) == 1 || w.group % 2 == 0);
+}
+
+struct DpCtx {
+  const IntLinearArgs* a;
+  const uint16_t* x;  // bf16 rows, k2 usable columns (zero beyond K)
+  int64_t xs;         // row stride of x in elements
+  int64_t k2;         // K rounded up to even
+  int64_t tiles_per_item;
+  int failed;
+};
+
+static inline __m512bh x_pair(const uint16_t* p) {  // (x[k], x[k + 1]) in every 32-bit lane
+  int32_t v;
+  memcpy(&v, p, 4);
+  return (__m512bh)_mm512_set1_epi32(v);
+}
+
+// rows [m0, m0 + MR) x one tile's 32 channels; bt: the tile's dequantized pairs (k2 / 2 rows)
+template <int MR>
+static void dp_block(const DpCtx& c, const uint16_t* bt, int64_t tile, int64_t m0) {
+  const IntWeights& w = c.a->w;
+  const int G = n_groups(w);
+  const int64_t per_group = G == 1 ? c.k2 / 2 : w.group / 2;  // pair rows per group
+  const float* st = w.scales + tile * (int64_t)G * kQuantTile;
+  const uint16_t* x = c.x + m0 * c.xs;
+  __m512 y[MR][2];
+  for (int g = 0; g < G; ++g) {
+    __m512 acc[MR][2];
+    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    for (int64_t r = g * per_group; r < (g + 1) * per_group; ++r) {
+      const __m512bh b0 = (__m512bh)_mm512_load_si512(bt + r * 64);
+      const __m512bh b1 = (__m512bh)_mm512_load_si512(bt + r * 64 + 32);
+      for (int i = 0; i < MR; ++i) {
+        const __m512bh xp = x_pair(x + i * c.xs + 2 * r);
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xp, b0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xp, b1);
+      }
+    }
+    const __m512 s0 = _mm512_loadu_ps(st + g * kQuantTile), s1 = _mm512_loadu_ps(st + g * kQuantTile + 16);
+    for (int i = 0; i < MR; ++i) {
+      y[i][0] = g == 0 ? _mm512_mul_ps(acc[i][0], s0) : _mm512_fmadd_ps(acc[i][0], s0, y[i][0]);
+      y[i][1] = g == 0 ? _mm512_mul_ps(acc[i][1], s1) : _mm512_fmadd_ps(acc[i][1], s1, y[i][1]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) store_tile<kBFloat16>(*c.a, m0 + i, tile * kQuantTile, F{y[i][0]}, F{y[i][1]});
+}
+
+// every row of the call x one tile, in blocks of MR rows and then the rest (< MR)
+template <int MR>
+static void dp_tile(const DpCtx& c, const uint16_t* bt, int64_t tile) {
+  const int64_t m = c.a->m;
+  int64_t m0 = 0;
+  for (; m0 + MR <= m; m0 += MR) dp_block<MR>(c, bt, tile, m0);
+  switch (m - m0) {
+#define OCTAVO_DP_REST(r) \
+  case r: if constexpr (r < MR) dp_block<(r < MR ? r : 1)>(c, bt, tile, m0); break;
+    OCTAVO_DP_REST(1) OCTAVO_DP_REST(2) OCTAVO_DP_REST(3) OCTAVO_DP_REST(4)
+    OCTAVO_DP_REST(5) OCTAVO_DP_REST(6) OCTAVO_DP_REST(7)
+#undef OCTAVO_DP_REST
+    default: break;
+  }
+}
+
+static thread_local TlsBuffer dp_pairs;  // this thread's dequantized tiles
+
+template <int BITS>
+static void dp_item(void* ctx, int64_t item, int) {
+  DpCtx& c = *(DpCtx*)ctx;
+  const int64_t t0 = item * c.tiles_per_item, nt = n_tiles(c.a->w);
+  const int64_t t1 = t0 + c.tiles_per_item < nt ? t0 + c.tiles_per_item : nt;
+  const int64_t per_tile = c.k2 * kQuantTile;  // bf16 elements
+  uint16_t* buf = (uint16_t*)dp_pairs.get((size_t)(kDequantStreams * per_tile * 2));
+  if (!buf) { __atomic_store_n(&c.failed, 1, __ATOMIC_RELAXED); return; }
+  const bool groups = n_groups(c.a->w) > 1;
+  for (int64_t t = t0; t < t1; t += kDequantStreams) {
+    const int nb = t1 - t < kDequantStreams ? (int)(t1 - t) : kDequantStreams;
+    dequant_pairs<BITS>(c.a->w, t, nb, c.k2, buf, per_tile);
+    for (int i = 0; i < nb; ++i) {
+      if (groups) dp_tile<kDpRowsGroups>(c, buf + i * per_tile, t + i);
+      else dp_tile<kDpRows>(c, buf + i * per_tile, t + i);
+    }
+  }
+}
+
+static thread_local TlsBuffer dp_xpad;  // x zero-padded to an even number of columns, when K is odd
+
+static const char* dp_linear(const IntLinearArgs& a) {
+  const int64_t k2 = (a.w.k + 1) & ~(int64_t)1;
+  DpCtx c{&a, (const uint16_t*)a.x, a.x_stride, k2, 1, 0};
+  if (k2 != a.w.k) {
+    uint16_t* xp = (uint16_t*)dp_xpad.get((size_t)(a.m * k2 * 2));
+    if (!xp) return "out of memory for the padded activations";
+    for (int64_t i = 0; i < a.m; ++i) {
+      memcpy(xp + i * k2, (const uint16_t*)a.x + i * a.x_stride, (size_t)a.w.k * 2);
+      xp[i * k2 + a.w.k] = 0;
+    }
+    c.x = xp;
+    c.xs = k2;
+  }
+  const int threads = threading::resolve_threads(a.num_threads);
+  const int64_t nt = n_tiles(a.w);
+  c.tiles_per_item = tiles_per_item(nt, 1, threads);  // an equal share of whole tiles per thread
+  const int64_t items = (nt + c.tiles_per_item - 1) / c.tiles_per_item;
+  threading::parallel_run(items, items > 1 ? threads : 1, a.w.bits == 8 ? &dp_item<8> : &dp_item<4>, &c);
+  return c.failed ? "out of memory for the dequantized weight tiles" : nullptr;
+}
+
+#endif  // OCTAVO_QUANT_PAIRS
