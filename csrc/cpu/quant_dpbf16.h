@@ -184,7 +184,10 @@ static const char* dp_linear(const IntLinearArgs& a) {
   }
   const int threads = threading::resolve_threads(a.num_threads);
   const int64_t nt = n_tiles(a.w);
-  c.tiles_per_item = tiles_per_item(nt, 1, threads);  // an equal share of whole tiles per thread
+  // one item per thread, an equal share of whole tiles: an item's first tile is dequantized on
+  // its own (runs of <= 16 tiles, as batch 1 takes them: 1.015x the time, decoder linears of
+  // SmolLM2-135M, INT8, 32 rows)
+  c.tiles_per_item = (nt + threads - 1) / threads;
   const int64_t items = (nt + c.tiles_per_item - 1) / c.tiles_per_item;
   threading::parallel_run(items, items > 1 ? threads : 1, a.w.bits == 8 ? &dp_item<8> : &dp_item<4>, &c);
   return c.failed ? "out of memory for the dequantized weight tiles" : nullptr;
