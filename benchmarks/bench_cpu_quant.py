@@ -6,7 +6,8 @@ Default shape: SmolLM2-135M (hidden 576, intermediate 1536, 30 layers, 9 query /
 o (576 -> 576), fused gate_up (576 -> 3072), down (1536 -> 576) per layer, then the lm_head.
 Every layer has its own weights (nothing stays cache-resident that would not in a real model).
 One step = every linear once at batch M. The kinds (bf16 = what octavo runs unquantized today;
-int8 per-channel; int4 with groups; ``-a8``: int8 activations, W8A8 / W4A8) are timed in interleaved rounds in one process, so machine
+int8 per-channel; int4 with groups; ``-a8``: int8 activations, W8A8 / W4A8; ``-nodp``: without
+the VDPBF16PS kernel, the fp32-FMA GEMM) are timed in interleaved rounds in one process, so machine
 load hits all of them alike; the report gives medians, the ratio to bf16, the weight bytes
 streamed per step and the resulting GB/s, the load average and the kernel variant. On a shared
 machine the process CPU time (all threads, spin-waits included) is reported beside the wall
@@ -56,7 +57,8 @@ def make_kind(kind: str, shapes: list[tuple[int, int]], variant: str | None, see
         q = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.uint8)
         scales = torch.rand(n, k // group, generator=g) * 0.01
         zeros = torch.full((n, k // group), 1 << (bits - 1), dtype=torch.uint8)
-        p = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant, amx=opt != "noamx", act_int8=opt == "a8")
+        p = cpu_int.prepack_int(q, scales, zeros, bits, variant=variant, amx=opt != "noamx", act_int8=opt == "a8",
+                                 dpbf16=opt != "nodp")
         weights.append(p)
         nbytes += p.nbytes
     return weights, nbytes
@@ -113,7 +115,8 @@ def main() -> None:
     p.add_argument("--kinds", default="bf16,int8,int4g128,int4g32",
                    help="bf16, int8 (per-channel), int4g<group>; an int kind with the suffix -noamx keeps "
                         "bf16 batches off the AMX path (where the CPU has AMX), with -a8 quantizes the "
-                        "activations to int8 per token (AVX512-VNNI)")
+                        "activations to int8 per token (AVX512-VNNI), with -nodp keeps bf16 batches off the "
+                        "VDPBF16PS kernel (avx512_bf16 without AMX)")
     p.add_argument("--variant", default=None, help="kernel build to use (default: the selected one)")
     p.add_argument("--hidden", type=int, default=576)
     p.add_argument("--intermediate", type=int, default=1536)

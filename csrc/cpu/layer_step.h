@@ -89,6 +89,7 @@ struct LinearPlan {
   const float* qbias = nullptr;  // the int kernels add a float32 bias
   float input_scale = 0.f;       // kLinearIntA8: > 0 a static activation scale
   bool amx = false;              // the int kernels may take their AMX path
+  int dp_min_rows = 0;           // > 0: bf16 batches of this many rows may take the VDPBF16PS path
   int64_t n = 0, k = 0;
 };
 
@@ -120,6 +121,7 @@ inline LinearPlan linear_plan(const char* fn, const char* name, py::handle weigh
   l.kind = weight.attr("a8").cast<bool>() ? kLinearIntA8 : kLinearInt;
   l.input_scale = weight.attr("input_scale").cast<float>();
   l.amx = weight.attr("amx").cast<bool>();
+  l.dp_min_rows = weight.attr("dp_min_rows").cast<int>();
   if (!bias.is_none()) {
     const View b = view(fn, "bias", bias, 1);
     require(b.dtype == kF32 && b.size[0] == n && b.stride[0] == 1, fn, b,
@@ -154,6 +156,7 @@ inline LinearCall linear_call(const LinearPlan& l, const uint16_t* x, int64_t m,
   a.dtype = kBF16;
   a.num_threads = threads;
   a.allow_amx = l.amx ? 1 : 0;
+  a.dp_min_rows = l.dp_min_rows;
   a.input_scale = l.input_scale;
   return c;
 }

@@ -45,6 +45,9 @@ struct IntLinearArgs {
   int num_threads;  // 0: the OpenMP runtime's current default
   int allow_amx;    // 0: never the AMX path (comparisons); else where int_amx() and the shape allow
   float input_scale;  // int_linear_a8 only: > 0 a static activation scale, else per-row dynamic
+  // > 0: bf16 batches of at least this many rows take the VDPBF16PS kernel (quant_dpbf16.h) in
+  // the avx512_bf16 build where the AMX path does not apply; 0: never (other builds ignore it)
+  int dp_min_rows;
 };
 
 // out[k, n] = w[n, k] in `dtype` (the transposed weight, rows of o_stride >= n elements): the
@@ -67,6 +70,8 @@ struct QuantKernels {
   // success, else why not (no VNNI here, an unsupported shape)
   const char* (*int_linear_a8)(const IntLinearArgs&);
   bool (*int_a8)();  // whether int_linear_a8 runs here
+  // whether int_linear has the VDPBF16PS kernel for bf16 batches (IntLinearArgs::dp_min_rows)
+  bool (*int_dpbf16)();
 };
 
 }  // namespace octavo

@@ -14,19 +14,26 @@ inline void register_quant(py::module_& m) {
   static const octavo::QuantKernels* qk = octavo::OCTAVO_ISA_NS::quant_kernels();
   m.def("int_linear",
         [](py::handle x, py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k,
-           int group, int bits, py::handle bias, int num_threads, bool allow_amx, float zero_point) {
-          const octavo::IntLinearArgs a = octavo::bind::int_linear_args(
+           int group, int bits, py::handle bias, int num_threads, bool allow_amx, float zero_point,
+           int dp_min_rows) {
+          octavo::IntLinearArgs a = octavo::bind::int_linear_args(
               x, weight, scales, zeros, out, n, k, group, bits, bias, num_threads, allow_amx, zero_point);
+          if (dp_min_rows < 0) octavo::bind::fail("int_linear", "dp_min_rows must be >= 0");
+          a.dp_min_rows = dp_min_rows;
           run_checked("int_linear", qk->int_linear, a);
         },
         py::arg("x"), py::arg("weight"), py::arg("scales"), py::arg("zeros"), py::arg("out"),
         py::arg("n"), py::arg("k"), py::arg("group"), py::arg("bits"), py::arg("bias") = py::none(),
         py::arg("num_threads") = 0, py::arg("allow_amx") = true, py::arg("zero_point") = -1.f,
+        py::arg("dp_min_rows") = 0,
         "out [M, n] = x [M, k] @ dequant(weight).T (+ bias) for packed INT8 / INT4 weights (quant_api.h); "
         "bf16 batches of >= 5 rows run on AMX where int_amx() (allow_amx=False: never); zero_point >= 0: "
-        "every entry of zeros is that value (batch 1 then does not read zeros).");
+        "every entry of zeros is that value (batch 1 then does not read zeros); dp_min_rows > 0: other bf16 "
+        "batches of at least that many rows run on VDPBF16PS where int_dpbf16() (0: never).");
   m.def("int_amx", [] { return qk->int_amx(); },
         "Whether int_linear runs bf16 batches of >= 5 rows on AMX on this CPU (any number of rows).");
+  m.def("int_dpbf16", [] { return qk->int_dpbf16(); },
+        "Whether int_linear has the VDPBF16PS kernel for bf16 batches (the avx512_bf16 build).");
   m.def("int_linear_a8",
         [](py::handle x, py::handle weight, py::handle scales, py::handle zeros, py::handle out, int n, int k,
            int group, int bits, py::handle bias, float input_scale, int num_threads, bool allow_amx,

@@ -11,7 +11,8 @@
 // Batch > 1 (GEMM): per tile and block of kMR rows, each weight vector is dequantized once,
 //   w = (q - z) * s exactly as the reference does, and reused by every row of the block.
 // Work items are runs of whole tiles (contiguous weights), handed out dynamically.
-// Batches of >= 5 bf16 rows on a CPU with AMX: quant_amx.h.
+// Batches of >= 5 bf16 rows on a CPU with AMX: quant_amx.h; without AMX, bf16 batches of at
+// least IntLinearArgs::dp_min_rows rows in the avx512_bf16 build: quant_dpbf16.h.
 // No std:: templates (several ISA variants may share one binary).
 #pragma once
 
@@ -23,6 +24,12 @@
 #include "quant_api.h"
 #include "scalar_convert.h"
 
+// bf16 pair tiles and their VDPBF16PS kernel (quant_pairs.h, quant_dpbf16.h): the AVX512-BF16 build
+#if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__)
+#define OCTAVO_QUANT_PAIRS 1
+#else
+#define OCTAVO_QUANT_PAIRS 0
+#endif
 // AMX batches (quant_amx.h): only in the AVX512-BF16 build, on x86-64 Linux (tile-state permission)
 #if defined(OCTAVO_ISA_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
 #define OCTAVO_QUANT_AMX 1
@@ -413,13 +420,18 @@ static const char* check_weights(const IntWeights& w) {
 }
 
 #include "tls_buffer.h"  // struct TlsBuffer, in this ISA namespace
+#include "quant_pairs.h"
 #include "quant_amx.h"
+#include "quant_dpbf16.h"
 #include "quant_a8.h"
 
 template <int DT>
 static const char* linear_dt(const IntLinearArgs& a) {
 #if OCTAVO_QUANT_AMX
   if (DT == kBFloat16 && amx_applies(a)) return amx_linear(a);
+#endif
+#if OCTAVO_QUANT_PAIRS
+  if (DT == kBFloat16 && dp_applies(a)) return dp_linear(a);
 #endif
   const int64_t kp = (a.w.k + 1) & ~(int64_t)1;
   const int G = n_groups(a.w);
@@ -551,9 +563,13 @@ static bool int_amx() {
 #endif
 }
 
+// Whether int_linear runs bf16 batches of >= IntLinearArgs::dp_min_rows rows on VDPBF16PS here.
+static bool int_dpbf16() { return OCTAVO_QUANT_PAIRS != 0; }
+
 // The table this ISA's quantized-linear translation unit exports (quant_kernels.cpp).
 const QuantKernels* quant_kernels() {
-  static const QuantKernels table = {kIsaName, &int_linear, &int_dequant, &int_amx, &int_linear_a8, &int_a8};
+  static const QuantKernels table = {kIsaName, &int_linear, &int_dequant, &int_amx, &int_linear_a8, &int_a8,
+                                     &int_dpbf16};
   return &table;
 }
 

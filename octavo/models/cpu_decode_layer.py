@@ -105,7 +105,8 @@ class FusedLinear(NamedTuple):
 
     def rows_key(self) -> tuple:
         """Plans with equal keys agree on ``rows_ok`` for every row count."""
-        return ("int", self.weight.a8, self.weight.amx) if self.quantized else ("gemv", self.k)
+        w = self.weight
+        return ("int", w.a8, w.amx, w.dpbf16) if self.quantized else ("gemv", self.k)
 
     def stale(self, module: nn.Module) -> bool:
         params = module._parameters

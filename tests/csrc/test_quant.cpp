@@ -69,7 +69,7 @@ static uint32_t next_u32() {
 }
 static float uniform() { return (float)(next_u32() % 1000000) / 1000000.f; }
 
-struct Case { int n, k, group, bits, m; bool sym; int dtype; };
+struct Case { int n, k, group, bits, m; bool sym; int dtype; int dp_min_rows; };
 static int failures = 0;
 
 static void run_case(const QuantKernels* qk, const Case& c) {
@@ -111,6 +111,7 @@ static void run_case(const QuantKernels* qk, const Case& c) {
   a.dtype = c.dtype;
   a.num_threads = 2;
   a.allow_amx = 1;  // as the Python wrapper: bf16 batches of >= 5 rows on AMX where the CPU has it
+  a.dp_min_rows = c.dp_min_rows;  // > 0: the VDPBF16PS kernel from that many bf16 rows (avx512_bf16)
   if (const char* err = qk->int_linear(a)) {
     printf("  FAIL n=%d k=%d: %s\n", c.n, c.k, err);
     ++failures;
@@ -131,8 +132,8 @@ static void run_case(const QuantKernels* qk, const Case& c) {
   const double rel = max_err / (max_ref > 1e-6 ? max_ref : 1e-6);
   const double tol = bf ? 8e-3 : 1e-5;
   if (!(rel < tol)) {
-    printf("  FAIL %s n=%d k=%d group=%d bits=%d m=%d %s: relative error %.2e\n", qk->isa, c.n, c.k, c.group,
-           c.bits, c.m, c.sym ? "sym" : "asym", rel);
+    printf("  FAIL %s n=%d k=%d group=%d bits=%d m=%d %s dp_min_rows=%d: relative error %.2e\n", qk->isa, c.n,
+           c.k, c.group, c.bits, c.m, c.sym ? "sym" : "asym", c.dp_min_rows, rel);
     ++failures;
   }
 }
@@ -145,10 +146,12 @@ static void test_variant(const QuantKernels* qk) {
     for (int bits : {8, 4})
       for (bool sym : {true, false})
         for (int m : ms)
-          for (int dt : {(int)octavo::kFloat32, (int)octavo::kBFloat16}) {
-            run_case(qk, Case{sh[0], sh[1], sh[2], bits, m, sym, dt});
-            ++cases;
-          }
+          for (int dt : {(int)octavo::kFloat32, (int)octavo::kBFloat16})
+            for (int dp : {0, 2}) {  // bf16 from 2 rows: the VDPBF16PS kernel where the build has it
+              if (dp && dt != octavo::kBFloat16) continue;
+              run_case(qk, Case{sh[0], sh[1], sh[2], bits, m, sym, dt, dp});
+              ++cases;
+            }
   printf("  %d cases\n", cases);
 }
 

@@ -13,12 +13,19 @@ of tiles at a time into a cache-sized buffer in x's dtype (C++) and multiplying 
 torch's BLAS (prefill batches are compute-bound, and the BLAS has the better micro-kernel); the
 weight is still read from memory as codes only. bf16 batches whose weight dequantized to bf16
 stays in cache (``WHOLE_DEQUANT_MAX_BYTES``), and larger weights from ``WHOLE_DEQUANT_MIN_ROWS``
-rows, dequantize the whole weight once for one GEMM instead (``_dequant_gemm``). Where the CPU has AMX (``PackedInt.amx``), bf16
-batches of 5 rows and more run in C++ instead: each thread dequantizes its weight tiles once
-into a cache-resident bf16 buffer and multiplies on the AMX tiles, the scales applied per group
-in fp32 (exact weight-only semantics; ``csrc/cpu/quant_amx.h``) -- up to
-``DEQUANT_GEMM_MIN_ROWS`` rows; larger (prefill) batches dequantize the whole weight into bf16
-(C++) for torch's GEMM, whose AMX kernel is faster there (bf16 weights, as the BLAS path).
+rows, dequantize the whole weight once for one GEMM instead (``_dequant_gemm``).
+bf16 batches take one of two C++ kernels that multiply bf16 (q - z) tiles, the scales applied
+per group in fp32 (exact weight-only semantics: q - z is exact in bf16, every product exact in
+fp32): where the CPU has AMX (``PackedInt.amx``), batches of 5 rows and more -- each thread
+dequantizes its weight tiles once into a cache-resident bf16 buffer and multiplies on the AMX
+tiles (``csrc/cpu/quant_amx.h``) -- up to ``DEQUANT_GEMM_MIN_ROWS`` rows; larger (prefill)
+batches dequantize the whole weight into bf16 (C++) for torch's GEMM, whose AMX kernel is
+faster there (bf16 weights, as the BLAS path). Elsewhere, in the avx512_bf16 build
+(``PackedInt.dpbf16``: AVX512-BF16 without AMX, e.g. AMD Zen 4 / 5), batches of
+``DPBF16_MIN_ROWS`` rows and more, any number: each thread dequantizes one tile at a time into
+bf16 pairs beside the previous tile's product and multiplies them with VDPBF16PS
+(``csrc/cpu/quant_dpbf16.h``), faster than both the fp32-FMA GEMM and the dequantization +
+oneDNN GEMM at every size measured. Other builds keep the paths above.
 With ``act_int8`` (``PackedInt.a8``) every batch instead quantizes x per token to int8 and
 multiplies in integers (AVX512-VNNI, ``csrc/cpu/quant_a8.h``; ``torch_ref.int_a8_linear`` is its
 math): W8A8 / W4A8 numerics, for checkpoints whose activations are int8 and for the
@@ -44,6 +51,14 @@ from octavo import cpu_isa
 TILE = 32  # output channels per tile (kQuantTile in quant_api.h)
 # Rows above which the weight is dequantized block by block and multiplied by torch's BLAS.
 GEMM_MAX_ROWS = 40
+# Kernel build avx512_bf16 where the AMX path does not take the weight (PackedInt.dpbf16): bf16
+# batches of at least DPBF16_MIN_ROWS[bits] rows, any number of them, run in C++ -- each thread
+# dequantizes its weight tiles once into bf16 (q - z) pairs and multiplies them by VDPBF16PS
+# (csrc/cpu/quant_dpbf16.h). Every decoder linear of SmolLM2-135M, 2-core Zen 5, against the
+# fp32-FMA GEMM below GEMM_MAX_ROWS and the whole-weight dequantization + oneDNN GEMM above:
+# INT8 3 rows 1.04x the time, 4 rows 0.94x, 8 rows 0.62x, 32 rows ~0.5x, 48-256 rows 0.47-0.80x,
+# 1024 rows 0.93x, 2048 rows 0.93x; INT4 g32 / g128 4 rows 1.10x / 1.07x, 5 rows 0.86x / 0.95x.
+DPBF16_MIN_ROWS = {8: 4, 4: 5}
 BLAS_BLOCK_BYTES = 1 << 20  # one dequantized block of tiles (stays in L2)
 AMX_K = 32  # the AMX path needs groups of a multiple of this (or one group per row)
 A8_MAX_GROUP = 65536  # int8 activations: int32 sums of 255 * 128 * group stay exact
@@ -86,9 +101,15 @@ class PackedInt:
     ext: ModuleType
     amx: bool = False  # bf16 batches of >= 5 rows run on AMX (any M; no BLAS path)
     a8: bool = False  # every batch: int8 activations, integer dot products (int_linear_a8)
+    dpbf16: bool = False  # bf16 batches of DPBF16_MIN_ROWS[bits] rows and more: the VDPBF16PS kernel
     input_scale: float = 0.0  # a8 with a static activation scale (> 0); 0: per token
     # >= 0: every zero point is this code (symmetric weights): batch 1 does not stream zeros
     zero_point: float = -1.0
+
+    @property
+    def dp_min_rows(self) -> int:
+        """The kernels' threshold for the VDPBF16PS path (0: never): ``DPBF16_MIN_ROWS[bits]`` or 0."""
+        return DPBF16_MIN_ROWS[self.bits] if self.dpbf16 else 0
 
     @property
     def nbytes(self) -> int:
@@ -139,12 +160,13 @@ def a8_unsupported(k: int, group: int, ext: ModuleType) -> str | None:
 
 def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
                 *, variant: str | None = None, amx: bool = True, act_int8: bool = False,
-                input_scale: float | None = None) -> PackedInt:
+                input_scale: float | None = None, dpbf16: bool = True) -> PackedInt:
     """Repack a canonical INT8 / INT4 weight for ``int_linear`` (once, at load).
 
     ``variant`` names a kernel build (``avx512_bf16``, ``avx2``, ...) instead of the selected one
     (tests and benchmarks compare them); the caller makes sure this CPU runs it. ``amx=False``
-    keeps bf16 batches off the AMX path even where the CPU has it (comparisons). ``act_int8``:
+    keeps bf16 batches off the AMX path even where the CPU has it (comparisons), ``dpbf16=False``
+    off the VDPBF16PS one. ``act_int8``:
     every call quantizes x to int8 (per token, or by the static ``input_scale``); LookupError
     where that cannot run here (``a8_unsupported``).
     """
@@ -163,13 +185,14 @@ def prepack_int(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits
         raise LookupError(why)
     z = zeros.cpu()
     z0 = z.reshape(-1)[0]
+    amx = amx and ext.int_amx() and (group == k or group % AMX_K == 0)
     return PackedInt(
         weight=_tiles(q, n_pad),
         scales=_tiles(scales.cpu().to(torch.float32), n_pad),
         zeros=_tiles(z.to(torch.float32), n_pad),
         n=n, k=k, group=group, bits=bits, ext=ext,
-        amx=amx and ext.int_amx() and (group == k or group % AMX_K == 0),
-        a8=act_int8, input_scale=float(input_scale or 0.0),
+        amx=amx, a8=act_int8, input_scale=float(input_scale or 0.0),
+        dpbf16=dpbf16 and not amx and ext.int_dpbf16() and (group == k or group % 2 == 0),
         zero_point=float(z0) if bool((z == z0).all()) else -1.0,
     )
 
@@ -208,8 +231,10 @@ def _dequant_gemm(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:
     for larger weights. The weight is the same bf16 dequantization ``_blas_linear`` makes block
     by block, but one GEMM over it beats a GEMM per block plus the transposed copy of the result
     (the decoder linears of the SmolLM2-135M shape, INT8, 2-core Zen 5: 2048 rows 37.7 -> 19.7
-    ms, as fast as the bf16 weights; 48-512 rows 0.63-0.82x the time)."""
-    if packed.a8 or dtype != torch.bfloat16:
+    ms, as fast as the bf16 weights; 48-512 rows 0.63-0.82x the time). Never for weights of the
+    VDPBF16PS kernel (``PackedInt.dpbf16``), which beats it at every size measured (up to 2048
+    rows: ``DPBF16_MIN_ROWS``)."""
+    if packed.a8 or dtype != torch.bfloat16 or packed.dpbf16:
         return False
     if packed.amx:
         return rows >= DEQUANT_GEMM_MIN_ROWS[packed.bits]
@@ -222,7 +247,7 @@ def runs_in_kernel(packed: PackedInt, rows: int, dtype: torch.dtype) -> bool:
     (``int_linear`` / ``int_linear_a8``), rather than through torch's BLAS."""
     if _dequant_gemm(packed, rows, dtype):
         return False
-    return packed.a8 or rows <= GEMM_MAX_ROWS or (packed.amx and dtype == torch.bfloat16)
+    return packed.a8 or rows <= GEMM_MAX_ROWS or ((packed.amx or packed.dpbf16) and dtype == torch.bfloat16)
 
 
 def kernel_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -261,5 +286,5 @@ def int_linear(x: torch.Tensor, packed: PackedInt, bias: torch.Tensor | None = N
                             w.input_scale, 0, w.amx, w.zero_point)
     else:
         w.ext.int_linear(x2, w.weight, w.scales, w.zeros, out, w.n, k, w.group, w.bits, bias, 0, w.amx,
-                         w.zero_point)
+                         w.zero_point, w.dp_min_rows)
     return out if x2 is x else out.view(*x.shape[:-1], w.n)

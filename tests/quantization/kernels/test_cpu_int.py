@@ -5,7 +5,8 @@ too where the CPU also has avx512_bf16), over shapes that are not multiples of t
 tile (N) nor of anything but the group (K; odd K per-channel), group sizes 32/64/128 and
 per-channel, symmetric and asymmetric zero points, M = 1..33 (the GEMV, every remainder of the
 GEMM row blocks) and beyond (the dequantize + BLAS path, or on a CPU with AMX the AMX path for
-bf16 batches of >= 5 rows), bf16 / fp32 / fp16 activations.
+bf16 batches of >= 5 rows), the VDPBF16PS path of the avx512_bf16 build for bf16 batches of
+DPBF16_MIN_ROWS..GEMM_MAX_ROWS rows, bf16 / fp32 / fp16 activations.
 Variants this machine cannot run (NEON) are compile-checked by ``nox -s test-cpu-isa``.
 """
 
@@ -96,7 +97,7 @@ def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
     n, k = 130, 448  # 5 tiles: blocks of 2, 2 and a partial 1
     monkeypatch.setattr(cpu_int, "BLAS_BLOCK_BYTES", block_tiles * k * 4 * cpu_int.TILE)
     q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=4)
-    packed = cpu_int.prepack_int(q, scales, zeros, bits, amx=False)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, amx=False, dpbf16=False)
     w = reference(torch.eye(k), q, scales, zeros).T
     bias = torch.randn(n)
     for dtype in (torch.float32, torch.bfloat16):
@@ -111,19 +112,20 @@ def test_large_batch_goes_through_dequantize(bits, block_tiles, monkeypatch):
 
 @pytest.mark.parametrize("bits", [8, 4])
 def test_large_bf16_batches_dequantize_the_whole_weight(bits):
-    """Without AMX, weight-only bf16 batches past GEMM_MAX_ROWS take one GEMM over the whole
-    weight in bf16: the same bf16 weight as the block-by-block BLAS path, so the same result up
-    to the GEMM's summation order; fewer rows stay in the C++ kernel, other dtypes in blocks."""
+    """Without AMX or the VDPBF16PS kernel, weight-only bf16 batches past GEMM_MAX_ROWS take one
+    GEMM over the whole weight in bf16: the same bf16 weight as the block-by-block BLAS path, so
+    the same result up to the GEMM's summation order; fewer rows stay in the C++ kernel, other
+    dtypes in blocks."""
     n, k = 130, 448
     q, scales, zeros = make_weight(n, k, 64, bits, sym=False, seed=12)
-    packed = cpu_int.prepack_int(q, scales, zeros, bits, amx=False)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, amx=False, dpbf16=False)
     m = cpu_int.GEMM_MAX_ROWS + 1
     assert cpu_int.runs_in_kernel(packed, m - 1, torch.bfloat16)
     assert cpu_int._dequant_gemm(packed, m, torch.bfloat16)
     assert not cpu_int._dequant_gemm(packed, m, torch.float32)
     # a weight too large to stay in cache dequantized: blocks until WHOLE_DEQUANT_MIN_ROWS
     big = cpu_int.prepack_int(torch.zeros(16384, 576, dtype=torch.uint8), torch.ones(16384, 1),
-                              torch.zeros(16384, 1, dtype=torch.uint8), 8, amx=False)
+                              torch.zeros(16384, 1, dtype=torch.uint8), 8, amx=False, dpbf16=False)
     assert big.n * big.k * 2 > cpu_int.WHOLE_DEQUANT_MAX_BYTES
     assert not cpu_int._dequant_gemm(big, m, torch.bfloat16)
     assert cpu_int._dequant_gemm(big, cpu_int.WHOLE_DEQUANT_MIN_ROWS, torch.bfloat16)
@@ -193,6 +195,70 @@ def test_prefill_batches_dequantize_for_the_gemm(bits):
     assert rel_err(y, reference(x, q, scales, zeros, bias)) < 2e-2  # bf16 weights in the GEMM
     y3 = cpu_int.int_linear(x.view(1, m + 3, k), packed, bias)
     assert y3.shape == (1, m + 3, n) and torch.equal(y3[0], y)
+
+
+DP_VARIANTS = [v for v in VARIANTS if cpu_isa.load_variant(v).int_dpbf16()]
+
+
+@pytest.mark.skipif(not DP_VARIANTS, reason="no kernel variant has the VDPBF16PS path on this CPU")
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("sym", [True, False], ids=["sym", "asym"])
+@pytest.mark.parametrize("shape", [*SHAPES, (64, 96, 16), (1000, 1536, 32)],
+                         ids=lambda s: f"n{s[0]}k{s[1]}g{s[2] or 'row'}")
+def test_dpbf16_batches_match_reference(bits, sym, shape):
+    """bf16 batches of DPBF16_MIN_ROWS rows and more on VDPBF16PS (kept off AMX, so the vector
+    kernel runs on any CPU with the build), past GEMM_MAX_ROWS too (no BLAS): every remainder of
+    the row blocks (one group and several), N not a multiple of the tile, odd K, bias, strided
+    rows; close to the reference and to the fp32-FMA GEMM; fp32 batches and fewer rows keep the
+    other kernels."""
+    n, k, group = shape
+    q, scales, zeros = make_weight(n, k, group, bits, sym, seed=14)
+    packed = cpu_int.prepack_int(q, scales, zeros, bits, variant=DP_VARIANTS[0], amx=False)
+    plain = cpu_int.prepack_int(q, scales, zeros, bits, variant=DP_VARIANTS[0], amx=False, dpbf16=False)
+    lo = cpu_int.DPBF16_MIN_ROWS[bits]
+    assert packed.dpbf16 and packed.dp_min_rows == lo and plain.dp_min_rows == 0
+    g = torch.Generator().manual_seed(15)
+    bias = torch.randn(n, generator=g)
+    top = cpu_int.GEMM_MAX_ROWS
+    for m in sorted({lo - 1, *range(lo, lo + 9), 13, 16, 31, 32, 33, top, top + 1, 100}):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(m, k + 8, generator=g).to(dtype)[:, 3:3 + k]  # row stride k + 8
+            ref = reference(x, q, scales, zeros, bias)
+            y = cpu_int.int_linear(x, packed, bias)
+            assert y.shape == (m, n) and y.dtype == dtype
+            assert rel_err(y, ref) < TOL[dtype], f"M={m} {dtype}: relative error {rel_err(y, ref):.2e}"
+            assert cpu_int.runs_in_kernel(packed, m, dtype) == (dtype == torch.bfloat16 or m <= top)
+            if m > top:  # the other weight takes a BLAS path there (bf16 weights)
+                continue
+            other = cpu_int.int_linear(x, plain, bias)
+            if dtype == torch.float32 or m < lo:  # the same kernel either way
+                assert torch.equal(y, other), f"M={m} {dtype}"
+            else:  # both fp32 sums of the same products, rounded once to bf16
+                assert rel_err(y, other.float()) < 8e-3, f"M={m}"
+
+
+@pytest.mark.skipif(not DP_VARIANTS, reason="no kernel variant has the VDPBF16PS path on this CPU")
+def test_dpbf16_path_is_taken():
+    """dp_min_rows selects the kernel: its fp32 sums run in another order (pairs of k, then the
+    scale once per group) than the FMA GEMM's, so some bf16 outputs differ by a rounding; with
+    dp_min_rows above M, or 0, the GEMM runs (the same bits as without the argument)."""
+    q, scales, zeros = make_weight(1000, 576, None, 8, sym=False, seed=16)
+    packed = cpu_int.prepack_int(q, scales, zeros, 8, variant=DP_VARIANTS[0], amx=False)
+    x = torch.randn(32, 576, generator=torch.Generator().manual_seed(17)).to(torch.bfloat16)
+    ys = {}
+    for rows in (0, 33, 32, 5):
+        ys[rows] = torch.empty(32, 1000, dtype=torch.bfloat16)
+        packed.ext.int_linear(x=x, out=ys[rows], allow_amx=False, dp_min_rows=rows, **packed._kw())
+    assert torch.equal(ys[0], ys[33]) and torch.equal(ys[32], ys[5])
+    assert not torch.equal(ys[0], ys[32])
+    assert not cpu_int._dequant_gemm(packed, 2048, torch.bfloat16)  # every bf16 size in the kernel
+    assert cpu_int._dequant_gemm(packed, 2048, torch.float32) is False  # fp32: blocks past GEMM_MAX_ROWS
+    assert not cpu_int.runs_in_kernel(packed, 2048, torch.float32)
+    with pytest.raises(ValueError, match="dp_min_rows"):
+        packed.ext.int_linear(x=x, out=ys[0], dp_min_rows=-1, **packed._kw())
+    if "avx512" in VARIANTS:  # the plain AVX-512 build has no such kernel and ignores the argument
+        plain = cpu_int.prepack_int(q, scales, zeros, 8, variant="avx512")
+        assert not plain.dpbf16 and not plain.ext.int_dpbf16()
 
 
 def test_threads_do_not_change_the_result():
