@@ -27,27 +27,27 @@ import time
 from pathlib import Path
 
 
-def prefill_flops(cfg: dict, n: int) -> dict[str, float]:
-    """FLOPs of a prompt of ``n`` tokens: linears (all tokens), causal attention, LM head (1 token)."""
-    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads", heads)
-    d = cfg.get("head_dim") or h // heads
-    per_token = h * heads * d * 2 + h * kv * d * 2 + 3 * h * inter  # q, o; k, v; gate, up, down
-    linears = 2.0 * per_token * layers * n
-    attention = 2.0 * 2 * heads * d * (n * (n + 1) / 2) * layers  # QK^T and PV over the causal half
-    lm_head = 2.0 * h * cfg["vocab_size"]
-    return {"linears": linears, "attention": attention, "lm_head": lm_head,
-            "total": linears + attention + lm_head}
+def _dims(cfg: dict) -> tuple[int, int, int, int, int, int]:
+    """(hidden, intermediate, layers, query heads, KV heads, head size) of a ``config.json``."""
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    return (h, cfg["intermediate_size"], cfg["num_hidden_layers"], heads,
+            cfg.get("num_key_value_heads", heads), cfg.get("head_dim") or h // heads)
 
 
 def linear_shapes(cfg: dict) -> list[tuple[int, int, int]]:
     """(out_features, in_features, count per model) of the decoder's linears, fused as octavo runs them."""
-    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads", heads)
-    d = cfg.get("head_dim") or h // heads
+    h, inter, layers, heads, kv, d = _dims(cfg)
     return [((heads + 2 * kv) * d, h, layers), (h, heads * d, layers), (2 * inter, h, layers), (h, inter, layers)]
+
+
+def prefill_flops(cfg: dict, n: int) -> dict[str, float]:
+    """FLOPs of a prompt of ``n`` tokens: linears (all tokens), causal attention, LM head (1 token)."""
+    h, _, layers, heads, _, d = _dims(cfg)
+    linears = 2.0 * n * sum(o * i * count for o, i, count in linear_shapes(cfg))
+    attention = 2.0 * 2 * heads * d * (n * (n + 1) / 2) * layers  # QK^T and PV over the causal half
+    lm_head = 2.0 * h * cfg["vocab_size"]
+    return {"linears": linears, "attention": attention, "lm_head": lm_head,
+            "total": linears + attention + lm_head}
 
 
 def best_seconds(fn, reps: int) -> float:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_quant import bench_model  # noqa: E402
 
 GROUPS = (("attention", ("paged_attention", "_reduce_segments")), ("kv_write", ("write_kv", "_kv_write")),
-          ("gemm/gemv", ("gemm", "gemv", "gemv", "_mm", "sm90", "cutlass", "nvjet", "fp8", "w4a16")))
+          ("gemm/gemv", ("gemm", "gemv", "_mm", "sm90", "cutlass", "nvjet", "fp8", "w4a16")))
 
 
 def group_of(name: str) -> str:

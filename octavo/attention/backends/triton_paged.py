@@ -8,8 +8,9 @@ mixed batch (prefill chunks and decodes together); steps of decodes or short ver
 few requests and long contexts take the split-KV variant (one more small merge launch, or the
 merge inside the attention launch with ``paged_attention.FUSED_SPLIT_REDUCE``). A model may write
 the K/V itself in an earlier launch (Qwen3's q/k norm + RoPE) and pass ``kv_written=True``.
-Nothing here reads a device value on the host, so every launch can be captured in a CUDA/HIP graph: the metadata's shapes depend only on
-(num tokens, num requests), and the split decision only on static facts.
+Nothing here reads a device value on the host, so every launch can be captured in a CUDA/HIP
+graph: the metadata's shapes depend only on (num tokens, num requests), and the split decision
+only on static facts.
 """
 
 from __future__ import annotations
