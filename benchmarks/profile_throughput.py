@@ -6,14 +6,19 @@ tokens (ignore_eos) through ``octavo.LLM`` on dummy weights at a model shape, on
 (compiles, captured graphs), ``--passes`` times plain and once under ``torch.profiler``, each pass
 with prompts of its own (no prefix-cache hits); prints the output tokens per second of every pass
 and the device kernels by total time in the profiled one (top ``--top``; on a CPU its ops'
-self time), grouped into attention / KV write / GEMM / other. One variant per process, ``METHOD[:KV_CACHE_DTYPE]``:
+self time), grouped into attention / KV write / GEMM / other. One variant per process, ``METHOD[:KV_CACHE_DTYPE]``.
+A last pass times the host side per engine step: wall minus the wait for the device's sampled
+tokens (scheduler, input preparation, launches, output processing); with ``--host-pstats FILE``
+one more runs under cProfile and its stats are written to FILE:
 
     python benchmarks/profile_throughput.py --shape llama8b --variant fp8:fp8 --json-out p.json
+    python -m pstats FILE  # then: sort tottime / stats 30
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import random
 import sys
@@ -43,6 +48,43 @@ def run(llm, prompts, params) -> float:
     return sum(len(o.outputs[0].token_ids) for o in outs) / dt
 
 
+def host_split(llm, prompts, params, profile: cProfile.Profile | None = None) -> dict:
+    """One pass with the engine's steps counted and ``StepHandle.result`` (the one wait per
+    step for the device's sampled tokens) timed: host ms per step = wall minus those waits.
+    With ``profile``, the pass runs under it (cProfile slows the host side about twofold)."""
+    from octavo.worker.step_handle import StepHandle
+
+    engine, inner, result = llm.llm_engine, llm.llm_engine.step, StepHandle.result
+    steps, wait = [0], [0.0]
+
+    def step():
+        steps[0] += 1
+        return inner()
+
+    def timed_result(self):
+        t = time.perf_counter()
+        try:
+            return result(self)
+        finally:
+            wait[0] += time.perf_counter() - t
+
+    engine.step, StepHandle.result = step, timed_result
+    try:
+        t0 = time.perf_counter()
+        if profile is not None:
+            profile.enable()
+        tok_s = run(llm, prompts, params)
+        if profile is not None:
+            profile.disable()
+        wall = time.perf_counter() - t0
+    finally:
+        engine.step, StepHandle.result = inner, result
+    n = max(steps[0], 1)
+    return {"tok_s": round(tok_s, 1), "steps": steps[0], "wall_ms_per_step": round(1e3 * wall / n, 3),
+            "wait_ms_per_step": round(1e3 * wait[0] / n, 3),
+            "host_ms_per_step": round(1e3 * (wall - wait[0]) / n, 3)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="llama8b")
@@ -53,6 +95,7 @@ def main() -> int:
     ap.add_argument("--passes", type=int, default=2, help="timed passes without the profiler")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json-out")
+    ap.add_argument("--host-pstats", help="write a cProfile of one more pass here")
     args = ap.parse_args()
 
     import torch
@@ -91,6 +134,11 @@ def main() -> int:
               "device_ms_total": round(total / 1e3, 1),
               "groups_ms": {g: round(v / 1e3, 1) for g, v in sorted(groups.items(), key=lambda kv: -kv[1])},
               "top": rows[: args.top]}
+    report["host"] = host_split(llm, prompts(), params)
+    if args.host_pstats:
+        prof = cProfile.Profile()
+        report["host_cprofile"] = host_split(llm, prompts(), params, prof)
+        prof.dump_stats(args.host_pstats)
     print(json.dumps(report, indent=1), flush=True)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(report, indent=1))

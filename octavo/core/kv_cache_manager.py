@@ -73,6 +73,9 @@ class KVCacheManager:
         if not self.group_windows:
             raise ValueError("a KV cache needs at least one group")
         self.num_groups = len(self.group_windows)
+        # One full-attention group: a running request's decode usually fits its last block
+        # (``allocate_slots``' fast path).
+        self._plain = self.group_windows == (None,)
         self.sliding_window = self.group_windows[0] if self.num_groups == 1 else None
         self.max_chunk_tokens = max_chunk_tokens
         self.enable_caching = enable_caching
@@ -175,6 +178,12 @@ class KVCacheManager:
             raise ValueError("num_new_tokens must be positive")
         rid = request.request_id
         held = self.req_to_blocks.get(rid)
+        if held is not None and self._plain and not new_computed_blocks:
+            total_tokens = request.num_computed_tokens + num_new_tokens
+            if total_tokens <= len(held[0]) * self.block_size:  # room in the blocks held
+                if self.enable_caching:
+                    self._cache_full_blocks(request, held, self.num_cached_blocks[rid], total_tokens)
+                return [[]]
         if held is not None:
             for g, window in enumerate(self.group_windows):
                 if window:

@@ -10,6 +10,10 @@ a stop string, so a streamed client never sees text that is later retracted. Wit
 cut never reaches text already shown.
 Invariant: ``text`` never contains a U+FFFD produced by a character split across tokens
 (those bytes wait in the stream until the character is complete).
+
+``final_only`` (an output read only once finished, with no stop strings): nothing is decoded
+until ``finish``, which decodes the whole sequence once, the text a streamed request ends
+with too. Offline batches skip a tokenizer call per token per step this way.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from octavo.sampling_params import SamplingParams
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, params: SamplingParams) -> None:
+    def __init__(self, tokenizer, params: SamplingParams, final_only: bool = False) -> None:
         self.tokenizer = tokenizer
         self.params = params
         self.stop = list(params.stop or [])
@@ -29,8 +33,9 @@ class IncrementalDetokenizer:
         self.token_ids: list[int] = []
         self._sent = 0  # characters already returned by get_delta
         self._stream = None
+        self._deferred = final_only and not self.stop and params.detokenize
         backend = getattr(tokenizer, "_tokenizer", None) or getattr(tokenizer, "backend_tokenizer", None)
-        if params.detokenize and backend is not None:
+        if params.detokenize and backend is not None and not self._deferred:
             from tokenizers.decoders import DecodeStream
 
             self._backend = backend
@@ -39,7 +44,7 @@ class IncrementalDetokenizer:
     def update(self, new_token_ids: list[int]) -> str | None:
         """Append tokens; return the matched stop string if the text now hits one."""
         self.token_ids.extend(new_token_ids)
-        if not self.params.detokenize:
+        if not self.params.detokenize or self._deferred:
             return None
         start = len(self.text)
         if self._stream is not None:
@@ -67,6 +72,9 @@ class IncrementalDetokenizer:
 
     def finish(self, stopped_by_string: bool) -> None:
         """Flush bytes held back for an incomplete character (decoded as U+FFFD, as HF does)."""
+        if self._deferred:
+            self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=self.params.skip_special_tokens)
+            return
         if stopped_by_string or self._stream is None or not self.params.detokenize:
             return
         full = self.tokenizer.decode(self.token_ids, skip_special_tokens=self.params.skip_special_tokens)

@@ -23,9 +23,9 @@ class OutputKind(enum.Enum):
 
 
 class _Sample:
-    def __init__(self, index: int, tokenizer, params: SamplingParams) -> None:
+    def __init__(self, index: int, tokenizer, params: SamplingParams, final_only: bool = False) -> None:
         self.index = index
-        self.detok = IncrementalDetokenizer(tokenizer, params)
+        self.detok = IncrementalDetokenizer(tokenizer, params, final_only)
         self.params = params
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
@@ -40,7 +40,9 @@ class RequestState:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.kind = kind
-        self.samples = {cid: _Sample(i, tokenizer, p) for i, (cid, p) in enumerate(zip(child_ids, child_params, strict=True))}
+        final_only = kind == OutputKind.FINAL_ONLY
+        self.samples = {cid: _Sample(i, tokenizer, p, final_only)
+                        for i, (cid, p) in enumerate(zip(child_ids, child_params, strict=True))}
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
         self.num_cached_tokens = 0
@@ -121,18 +123,18 @@ class OutputProcessor:
             touched[parent] = state
         results = []
         for rid, state in touched.items():
-            out = self._make_output(state)
+            finished = state.finished
+            out = self._make_output(state, finished)
             if out is not None:
                 results.append(out)
-            if state.finished:
+            if finished:
                 self.abort(rid)
         return results, to_abort
 
     def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def _make_output(self, state: RequestState) -> RequestOutput | None:
-        finished = state.finished
+    def _make_output(self, state: RequestState, finished: bool) -> RequestOutput | None:
         if state.kind == OutputKind.FINAL_ONLY and not finished:
             return None
         delta = state.kind == OutputKind.DELTA

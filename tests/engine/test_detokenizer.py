@@ -85,6 +85,24 @@ def test_skip_special_tokens(tok):
         assert d.text == expected
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_final_only_decodes_once_at_finish_to_the_streamed_text(tok, skip):
+    """An output read only once finished decodes nothing per token and ends with the text
+    a streamed request ends with; stop strings keep it incremental (they must be matched)."""
+    ids = tok.encode("<|im_start|>漢字 and ñ then 🙂<|im_end|>", add_special_tokens=False)
+    params = SamplingParams(skip_special_tokens=skip)
+    streamed, deferred = IncrementalDetokenizer(tok, params), IncrementalDetokenizer(tok, params, final_only=True)
+    for t in ids:
+        streamed.update([t])
+        assert deferred.update([t]) is None and deferred.text == ""
+    streamed.finish(stopped_by_string=False)
+    deferred.finish(stopped_by_string=False)
+    assert deferred.text == streamed.text == tok.decode(ids, skip_special_tokens=skip)
+    assert deferred.token_ids == ids
+    stopping = IncrementalDetokenizer(tok, SamplingParams(stop=["ñ"]), final_only=True)
+    assert any(stopping.update([t]) == "ñ" for t in ids)
+
+
 def test_output_processor_groups_children_and_finishes_on_stop_string(tok):
     op = OutputProcessor(tok)
     params = SamplingParams(n=2, stop=["world"], logprobs=0)
