@@ -5,7 +5,8 @@ Default shape: SmolLM2-135M (hidden 576, intermediate 1536, 30 layers, 9 query /
 64, vocab 49152, tied lm_head), with the linears as octavo runs them: fused qkv (576 -> 960),
 o (576 -> 576), fused gate_up (576 -> 3072), down (1536 -> 576) per layer, then the lm_head.
 Every layer has its own weights (nothing stays cache-resident that would not in a real model).
-One step = every linear once at batch M. The kinds (bf16 = what octavo runs unquantized today;
+One step = every linear once at batch M. The kinds (bf16 = ``F.linear``, oneDNN; bf16-gemv = octavo's
+own bf16 GEMV, what the decode step runs unquantized up to its row limit (``cpu_fused_ops``);
 int8 per-channel; int4 with groups; ``-a8``: int8 activations, W8A8 / W4A8; ``-nodp``: without
 the VDPBF16PS kernel, the fp32-FMA GEMM) are timed in interleaved rounds in one process, so machine
 load hits all of them alike; the report gives medians, the ratio to bf16, the weight bytes
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from octavo import cpu_isa  # noqa: E402
+from octavo.models import cpu_fused_ops  # noqa: E402
 from octavo.quantization.kernels import cpu_int  # noqa: E402
 
 
@@ -47,9 +49,9 @@ def make_kind(kind: str, shapes: list[tuple[int, int]], variant: str | None, see
     g = torch.Generator().manual_seed(seed)
     weights, nbytes = [], 0
     for n, k in shapes:
-        if kind == "bf16":
+        if kind in ("bf16", "bf16-gemv"):
             w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
-            weights.append(w)
+            weights.append(w if kind == "bf16" else cpu_fused_ops.pack_gemv_weight(w))
             nbytes += w.numel() * 2
             continue
         base, _, opt = kind.partition("-")
@@ -68,6 +70,8 @@ def step(kind: str, weights, xs: dict[int, torch.Tensor]) -> None:
     for w in weights:
         if kind == "bf16":
             F.linear(xs[w.shape[1]], w)
+        elif kind == "bf16-gemv":
+            cpu_fused_ops.gemv(xs[w.shape[1] * 2], w)
         else:
             cpu_int.int_linear(xs[w.k], w)
 
@@ -113,7 +117,7 @@ def main() -> None:
     p.add_argument("--batch", default="1", help="comma-separated batch sizes (rows per step)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--kinds", default="bf16,int8,int4g128,int4g32",
-                   help="bf16, int8 (per-channel), int4g<group>; an int kind with the suffix -noamx keeps "
+                   help="bf16, bf16-gemv, int8 (per-channel), int4g<group>; an int kind with the suffix -noamx keeps "
                         "bf16 batches off the AMX path (where the CPU has AMX), with -a8 quantizes the "
                         "activations to int8 per token (AVX512-VNNI), with -nodp keeps bf16 batches off the "
                         "VDPBF16PS kernel (avx512_bf16 without AMX)")

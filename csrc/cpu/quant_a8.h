@@ -41,6 +41,18 @@ static const char* a8_unsupported(const IntLinearArgs& a) {
   return nullptr;
 }
 
+// acc + u8 . s8 (VPDPBUSD). GCC 12 keeps _mm512_dpbusd_epi32's accumulators in zmm16-31 but
+// computes in zmm0-15, so the k loop copied every accumulator out and back and spilled (perf
+// annotate: ~30 register moves per 16 VPDPBUSD); the asm operand takes any of the 32 registers.
+OCTAVO_A8_TARGET static inline __m512i dpbusd(__m512i acc, __m512i u8, __m512i s8) {
+#if defined(__GNUC__) && !defined(__clang__)
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));
+  return acc;
+#else
+  return _mm512_dpbusd_epi32(acc, u8, s8);
+#endif
+}
+
 struct A8Ctx {
   const IntLinearArgs* a;
   const int8_t* xq;    // [m][K]
@@ -66,9 +78,11 @@ static void a8_index(int bits, uint8_t (&idx)[2][64]) {
 
 // Rows [m0, m0 + MR) x tiles [tile0, tile0 + NT): the MR rows share every regrouped weight
 // register (batches: NT = 1); the NT tiles are NT memory streams per core (one row: MR = 1,
-// as gemv_tiles).
+// as gemv_tiles). pf (batches): the next tile's codes, fetched into L2 beside this product, the
+// bytes of one k quad per k quad (its first row block reads the tile from memory otherwise, at
+// the latency of each line: the hardware prefetcher does not cross to the next tile).
 template <int DT, int BITS, int MR, int NT>
-OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0) {
+OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0, const uint8_t* pf = nullptr) {
   const IntWeights& w = c.a->w;
   const int G = n_groups(w);
   const int64_t K = w.k, tile_stride = k_rows(w) * kQuantTile, sz_stride = (int64_t)G * kQuantTile;
@@ -78,9 +92,9 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
   const __m512i i0 = _mm512_load_si512(c.idx[0]), i1 = _mm512_load_si512(c.idx[1]), nib = _mm512_set1_epi8(15);
   const int8_t* xr[MR];
   for (int i = 0; i < MR; ++i) xr[i] = c.xq + (m0 + i) * K;
-  __m512 y[MR][NT][2];
-  for (int i = 0; i < MR; ++i)
-    for (int t = 0; t < NT; ++t) y[i][t][0] = y[i][t][1] = _mm512_setzero_ps();
+  // y: the fp32 sums across groups, in L1 (in registers they would add 2 MR NT live vectors to
+  // the accumulators, more than the 32 the k loop can hold: the compiler spilled inside it).
+  alignas(64) float y[MR][NT][kQuantTile];
   for (int g = 0; g < G; ++g) {
     const int64_t k0 = (int64_t)g * w.group, k1 = k0 + w.group;
     __m512i acc[MR][NT][2];
@@ -88,6 +102,10 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
       for (int t = 0; t < NT; ++t) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_si512();
     if (MR == 1) prefetch_scales<NT>(s, z, sz_stride, g, G, w.zero_point < 0.f);
     for (int64_t k = k0; k < k1; k += 4) {
+      if (MR > 1 && pf) {
+        _mm_prefetch((const char*)pf + (BITS == 8 ? k : k / 2) * kQuantTile, _MM_HINT_T1);
+        if (BITS == 8) _mm_prefetch((const char*)pf + k * kQuantTile + 64, _MM_HINT_T1);
+      }
       for (int t = 0; t < NT; ++t) {
         const uint8_t* wt = wp + t * tile_stride;
         if (MR == 1) __builtin_prefetch(wt + (BITS == 8 ? k : k / 2) * kQuantTile + kGemvPrefetch);
@@ -105,8 +123,8 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
           int32_t q4;
           memcpy(&q4, xr[i] + k, 4);
           const __m512i xb = _mm512_set1_epi32(q4);
-          acc[i][t][0] = _mm512_dpbusd_epi32(acc[i][t][0], w0, xb);
-          acc[i][t][1] = _mm512_dpbusd_epi32(acc[i][t][1], w1, xb);
+          acc[i][t][0] = dpbusd(acc[i][t][0], w0, xb);
+          acc[i][t][1] = dpbusd(acc[i][t][1], w1, xb);
         }
       }
     }
@@ -122,16 +140,19 @@ OCTAVO_A8_TARGET static void a8_block(const A8Ctx& c, int64_t tile0, int64_t m0)
         const __m512i xsg = _mm512_set1_epi32(c.xsum[(m0 + i) * G + g]);
         const __m512i d0 = _mm512_sub_epi32(acc[i][t][0], _mm512_mullo_epi32(z0, xsg));
         const __m512i d1 = _mm512_sub_epi32(acc[i][t][1], _mm512_mullo_epi32(z1, xsg));
-        y[i][t][0] = _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(d0), y[i][t][0]);
-        y[i][t][1] = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(d1), y[i][t][1]);
+        float* yt = y[i][t];
+        _mm512_store_ps(yt, g == 0 ? _mm512_mul_ps(s0, _mm512_cvtepi32_ps(d0))
+                                   : _mm512_fmadd_ps(s0, _mm512_cvtepi32_ps(d0), _mm512_load_ps(yt)));
+        _mm512_store_ps(yt + 16, g == 0 ? _mm512_mul_ps(s1, _mm512_cvtepi32_ps(d1))
+                                        : _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(d1), _mm512_load_ps(yt + 16)));
       }
     }
   }
   for (int i = 0; i < MR; ++i) {
     const __m512 sx = _mm512_set1_ps(c.xs[m0 + i]);
     for (int t = 0; t < NT; ++t)
-      store_tile<DT>(*c.a, m0 + i, (tile0 + t) * kQuantTile, F{_mm512_mul_ps(y[i][t][0], sx)},
-                     F{_mm512_mul_ps(y[i][t][1], sx)});
+      store_tile<DT>(*c.a, m0 + i, (tile0 + t) * kQuantTile, F{_mm512_mul_ps(_mm512_load_ps(y[i][t]), sx)},
+                     F{_mm512_mul_ps(_mm512_load_ps(y[i][t] + 16), sx)});
   }
 }
 
@@ -144,17 +165,21 @@ OCTAVO_A8_TARGET static void a8_item(void* ctx, int64_t item, int) {
     tile_passes(t0, t1, [&](auto n, int64_t t) { a8_block<DT, BITS, 1, decltype(n)::value>(c, t, 0); });
     return;
   }
+  const IntWeights& w = c.a->w;
+  const int64_t tile_stride = k_rows(w) * kQuantTile;
   for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* next = t + 1 < t1 ? w.weight + (t + 1) * tile_stride : nullptr;
     int64_t m0 = 0;
-    for (; m0 + kA8Rows <= m; m0 += kA8Rows) a8_block<DT, BITS, kA8Rows, 1>(c, t, m0);
+    for (; m0 + kA8Rows <= m; m0 += kA8Rows) a8_block<DT, BITS, kA8Rows, 1>(c, t, m0, m0 ? nullptr : next);
+    const uint8_t* pf = m0 ? nullptr : next;  // fewer rows than a block: the remainder prefetches
     switch (m - m0) {
       case 1: a8_block<DT, BITS, 1, 1>(c, t, m0); break;
-      case 2: a8_block<DT, BITS, 2, 1>(c, t, m0); break;
-      case 3: a8_block<DT, BITS, 3, 1>(c, t, m0); break;
-      case 4: a8_block<DT, BITS, 4, 1>(c, t, m0); break;
-      case 5: a8_block<DT, BITS, 5, 1>(c, t, m0); break;
-      case 6: a8_block<DT, BITS, 6, 1>(c, t, m0); break;
-      case 7: a8_block<DT, BITS, 7, 1>(c, t, m0); break;
+      case 2: a8_block<DT, BITS, 2, 1>(c, t, m0, pf); break;
+      case 3: a8_block<DT, BITS, 3, 1>(c, t, m0, pf); break;
+      case 4: a8_block<DT, BITS, 4, 1>(c, t, m0, pf); break;
+      case 5: a8_block<DT, BITS, 5, 1>(c, t, m0, pf); break;
+      case 6: a8_block<DT, BITS, 6, 1>(c, t, m0, pf); break;
+      case 7: a8_block<DT, BITS, 7, 1>(c, t, m0, pf); break;
       default: break;
     }
   }

@@ -367,14 +367,19 @@ static inline void tile_passes(int64_t t0, int64_t t1, Pass&& pass) {
 // several (dynamic hand-out). One row: every thread an equal share of whole tiles, in as few
 // items as runs of <= 16 tiles allow -- a thread's tiles are then passes of kGemvTiles streams
 // side by side, and no thread waits at the end for another's extra item (with 18 tiles, the
-// 576-wide layers, items of 2 left one of two threads idle for a ninth of the call).
+// 576-wide layers, items of 2 left one of two threads idle for a ninth of the call). Batches
+// likewise take the largest run whose item count is a multiple of the threads where one exists
+// (18 tiles, 2 threads: 18 items of 1, not 9 of 2).
 static inline int64_t tiles_per_item(int64_t nt, int64_t m, int threads) {
   if (m == 1) {
     const int64_t share = (nt + threads - 1) / threads, pieces = (share + 15) / 16;
     return (share + pieces - 1) / pieces;
   }
-  const int64_t per = nt / ((int64_t)threads * 4);
-  return per < 1 ? 1 : per > 16 ? 16 : per;
+  int64_t per = nt / ((int64_t)threads * 4);
+  per = per < 1 ? 1 : per > 16 ? 16 : per;
+  for (int64_t p = per; p > 1 && threads > 1; --p)
+    if (((nt + p - 1) / p) % threads == 0) return p;
+  return threads > 1 && nt % threads == 0 ? 1 : per;
 }
 
 template <int DT, int BITS>

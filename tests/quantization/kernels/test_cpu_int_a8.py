@@ -130,6 +130,28 @@ def test_batch1_multi_tile_passes(bits, group):
 
 
 @pytest.mark.skipif(not A8, reason="no kernel variant with AVX512-VNNI runs on this CPU")
+@pytest.mark.parametrize("bits,group", [(8, None), (4, 64)], ids=["int8-row", "int4-g64"])
+@pytest.mark.parametrize("n", [32 * 18, 32 * 41 + 5])
+def test_batches_over_many_tiles_are_exact_at_every_thread_count(bits, group, n):
+    """Batches deal runs of several tiles to the threads, each block of 8 rows fetching the next
+    tile beside its product (18 tiles: items of one per thread pair; 42: runs of two or more):
+    exact integer sums, so every thread count gives the reference's bits."""
+    k = 256
+    w = make_weight(n, k, group, bits, sym=False, seed=11)
+    w.scales = torch.exp2(torch.randint(-3, 2, w.scales.shape).float())
+    packed = pack(w, A8[0], input_scale=1.0)
+    deq = (w.q.long() - w.zeros.long().repeat_interleave(w.group, 1)).double()
+    g = torch.Generator().manual_seed(6)
+    for m in (8, 33):
+        x = torch.randint(-128, 128, (m, k), generator=g).float()
+        want = x.double() @ (deq * w.scales.double().repeat_interleave(w.group, 1)).T
+        for t in (1, 2, 3):
+            out = torch.empty(m, n)
+            packed.ext.int_linear_a8(x=x, out=out, num_threads=t, input_scale=1.0, **packed._kw())
+            assert torch.equal(out.double(), want), f"M={m} threads={t}"
+
+
+@pytest.mark.skipif(not A8, reason="no kernel variant with AVX512-VNNI runs on this CPU")
 def test_shapes_the_kernel_cannot_run_are_refused():
     w = make_weight(40, 198, None, 8, sym=True)  # K % 4 != 0
     with pytest.raises(LookupError, match="multiples of 4"):
