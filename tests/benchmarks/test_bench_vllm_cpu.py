@@ -3,26 +3,15 @@ tokenizer of ``tools/make_smol_config.py`` it measures with."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.script_loader import load_script
 
-
-def _load(rel: str):
-    spec = importlib.util.spec_from_file_location(Path(rel).stem, ROOT / rel)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bench = _load("benchmarks/bench_vllm_cpu.py")
-smol = _load("tools/make_smol_config.py")
+bench = load_script("benchmarks/bench_vllm_cpu.py")
+smol = load_script("tools/make_smol_config.py")
 
 
 def test_widen_tokenizer_pads_to_the_model_vocab_and_keeps_encoding(tmp_path):

@@ -3,24 +3,12 @@ transformers model, and its shapes against that model's weights."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.script_loader import load_script
 
 CFG = {"hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 6,
        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300}
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("cpu_prefill_bound", ROOT / "benchmarks/cpu_prefill_bound.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _decoder_linears():
@@ -31,7 +19,7 @@ def _decoder_linears():
 
 
 def test_linear_flops_count_every_decoder_weight_once_per_token():
-    bound = _load()
+    bound = load_script("benchmarks/cpu_prefill_bound.py")
     params = sum(m.weight.numel() for m in _decoder_linears())
     flops = bound.prefill_flops(CFG, 7)
     assert flops["linears"] == 2 * params * 7
@@ -42,6 +30,6 @@ def test_linear_flops_count_every_decoder_weight_once_per_token():
 
 
 def test_linear_shapes_cover_the_same_weights_fused():
-    bound = _load()
+    bound = load_script("benchmarks/cpu_prefill_bound.py")
     fused = sum(o * i * n for o, i, n in bound.linear_shapes(CFG))
     assert fused == sum(m.weight.numel() for m in _decoder_linears())

@@ -5,26 +5,15 @@ comes back, and each step's time is split into its three parts."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("host_step_bench", ROOT / "benchmarks/host_step_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmarks.script_loader import load_script
 
 
 def test_a_pass_finishes_every_request_and_frees_every_block():
     from octavo import LLM
 
-    bench = _load()
+    bench = load_script("benchmarks/host_step_bench.py")
     llm = LLM(seed=0, max_model_len=64)
     engine = llm.llm_engine
     pool = engine.core.scheduler.kv_cache_manager.block_pool
