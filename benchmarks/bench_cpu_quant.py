@@ -71,7 +71,7 @@ def step(kind: str, weights, xs: dict[int, torch.Tensor]) -> None:
         if kind == "bf16":
             F.linear(xs[w.shape[1]], w)
         elif kind == "bf16-gemv":
-            cpu_fused_ops.gemv(xs[w.shape[1] * 2], w)
+            cpu_fused_ops.gemv(xs[w.shape[1] * 2], w)  # packed [N/16, K/2, 16, 2]
         else:
             cpu_int.int_linear(xs[w.k], w)
 

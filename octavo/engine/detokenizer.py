@@ -53,7 +53,7 @@ class IncrementalDetokenizer:
                 if chunk:
                     self.text += chunk
         else:  # slow tokenizers: re-decode (quadratic, but correct)
-            text = self.tokenizer.decode(self.token_ids, skip_special_tokens=self.params.skip_special_tokens)
+            text = self._decode_all()
             if not text.endswith("\ufffd"):
                 self.text = text
         if not self.stop or len(self.text) == start:
@@ -73,13 +73,16 @@ class IncrementalDetokenizer:
     def finish(self, stopped_by_string: bool) -> None:
         """Flush bytes held back for an incomplete character (decoded as U+FFFD, as HF does)."""
         if self._deferred:
-            self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=self.params.skip_special_tokens)
+            self.text = self._decode_all()
             return
         if stopped_by_string or self._stream is None or not self.params.detokenize:
             return
-        full = self.tokenizer.decode(self.token_ids, skip_special_tokens=self.params.skip_special_tokens)
+        full = self._decode_all()
         if full.startswith(self.text):
             self.text = full
+
+    def _decode_all(self) -> str:
+        return self.tokenizer.decode(self.token_ids, skip_special_tokens=self.params.skip_special_tokens)
 
     def get_text(self, finished: bool) -> str:
         """All text that is safe to show (everything once finished)."""
