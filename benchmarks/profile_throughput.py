@@ -9,7 +9,9 @@ and the device kernels by total time in the profiled one (top ``--top``; on a CP
 self time), grouped into attention / KV write / GEMM / other. One variant per process, ``METHOD[:KV_CACHE_DTYPE]``.
 A last pass times the host side per engine step: wall minus the wait for the device's sampled
 tokens (scheduler, input preparation, launches, output processing); with ``--host-pstats FILE``
-one more runs under cProfile and its stats are written to FILE:
+one more runs under cProfile and its stats are written to FILE. ``--ab-mixed-graphs`` follows
+every plain pass with one whose mixed steps run eagerly (``GraphRunner.mixed_enabled`` off; decode
+graphs kept), and times the host split that way too:
 
     python benchmarks/profile_throughput.py --shape llama8b --variant fp8:fp8 --json-out p.json
     python -m pstats FILE  # then: sort tottime / stats 30
@@ -96,6 +98,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--json-out")
     ap.add_argument("--host-pstats", help="write a cProfile of one more pass here")
+    ap.add_argument("--ab-mixed-graphs", action="store_true",
+                    help="also time passes with the mixed-step graphs off (eager mixed steps)")
     args = ap.parse_args()
 
     import torch
@@ -115,7 +119,21 @@ def main() -> int:
 
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
     warm = run(llm, prompts(), params)
-    plain = [run(llm, prompts(), params) for _ in range(args.passes)]
+    graphs = llm.llm_engine.core.runner.graph_runner
+    ab = args.ab_mixed_graphs and graphs is not None and bool(graphs.mixed_sizes)
+
+    def eager_mixed(fn):  # fn() with the mixed graphs off
+        graphs.mixed_enabled = False
+        try:
+            return fn()
+        finally:
+            graphs.mixed_enabled = True
+
+    plain, plain_eager_mixed = [], []
+    for _ in range(args.passes):
+        plain.append(run(llm, prompts(), params))
+        if ab:
+            plain_eager_mixed.append(eager_mixed(lambda: run(llm, prompts(), params)))
     activity = torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available() else torch.profiler.ProfilerActivity.CPU
     with torch.profiler.profile(activities=[activity]) as prof:
         profiled = run(llm, prompts(), params)
@@ -135,6 +153,11 @@ def main() -> int:
               "groups_ms": {g: round(v / 1e3, 1) for g, v in sorted(groups.items(), key=lambda kv: -kv[1])},
               "top": rows[: args.top]}
     report["host"] = host_split(llm, prompts(), params)
+    if ab:
+        report["eager_mixed"] = {"plain": [round(p, 1) for p in plain_eager_mixed],
+                                 "host": eager_mixed(lambda: host_split(llm, prompts(), params))}
+    if graphs is not None:
+        report["mixed_graph_sizes"], report["mixed_replays"] = graphs.mixed_sizes, graphs.mixed_replays
     if args.host_pstats:
         prof = cProfile.Profile()
         report["host_cprofile"] = host_split(llm, prompts(), params, prof)

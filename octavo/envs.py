@@ -89,6 +89,11 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "CPU graph mode: torch_compile (decode steps run the model compiled by torch.compile / "
         "inductor) or none (eager); unset: the platform's default. --enforce-eager always wins.",
     ),
+    "OCTAVO_MIXED_GRAPHS": (
+        _bool("OCTAVO_MIXED_GRAPHS", True),
+        "CUDA/HIP graphs also for mixed steps (prefill chunks among decodes, up to 16384 tokens, "
+        "padded to captured token counts); 0: those steps run eagerly, decode steps keep their graphs.",
+    ),
     "OCTAVO_DECODE_GEMV": (
         _str("OCTAVO_DECODE_GEMV", None),
         "Small-batch linears: GPU (<= 8 rows) auto (time the Triton GEMV against cuBLAS at load), "

@@ -5,7 +5,8 @@ KV bytes = ``gpu_memory_utilization x total - in use - activation peak - graph p
 processes), the activation peak is measured by a dummy forward of the largest step the
 scheduler can produce (``max_num_batched_tokens`` tokens over up to ``max_num_seqs`` requests,
 logits and a sampler-sized sort included), and the graph pool by a dummy decode forward at the
-largest captured batch. The dummies attend over a small scratch KV cache shared by all layers,
+largest captured batch, or with mixed-step graphs (``cuda_graph.mixed_sizes_for``) by a dummy
+forward of the largest mixed token count when that holds more. The dummies attend over a small scratch KV cache shared by all layers,
 allocated before the peak counter is reset so it is not counted.
 """
 
@@ -102,17 +103,24 @@ def _moe_peak(runner, num_tokens: int) -> int:
     return peak
 
 
+def _split(num_tokens: int, max_num_seqs: int) -> list[int]:
+    """``num_tokens`` over up to ``max_num_seqs`` requests whose lengths differ by at most one:
+    none is longer than ``ceil(num_tokens / max_num_seqs)``, so none passes max_model_len when
+    the step's tokens fit ``max_num_seqs`` requests of max_model_len."""
+    num_reqs = max(1, min(max_num_seqs, num_tokens))
+    base, extra = divmod(num_tokens, num_reqs)
+    return [base + 1] * extra + [base] * (num_reqs - extra)
+
+
 def profile_kv_cache_budget(runner) -> int:
     """Bytes the KV cache may take on this accelerator (see the module docstring)."""
-    from octavo.worker.cuda_graph import capture_sizes, graph_mode
+    from octavo.worker.cuda_graph import capture_sizes, graph_mode, mixed_sizes_for
 
     config = runner.config
     sc = config.scheduler_config
     mc = config.model_config
     num_tokens = max(1, min(sc.max_num_batched_tokens, sc.max_num_seqs * runner.max_model_len))
-    num_reqs = max(1, min(sc.max_num_seqs, num_tokens))
-    lengths = [num_tokens // num_reqs] * num_reqs
-    lengths[-1] += num_tokens - sum(lengths)
+    lengths = _split(num_tokens, sc.max_num_seqs)
     graphs = graph_mode(runner)[0] != "none"
     largest = capture_sizes(sc.max_num_seqs)[-1] if graphs else 0
     blocks = max(sum(-(-n // runner.block_size) for n in lengths), largest) + 1
@@ -122,8 +130,13 @@ def profile_kv_cache_budget(runner) -> int:
     peak = max(_peak_of(runner, lengths, kv, with_logits=True), _moe_peak(runner, num_tokens))
     graph_pool = 0
     if graphs:
-        # Decode rows of one token each; captured graphs share one pool sized by the largest.
-        graph_pool = runner.platform.graph_pool_bytes(_peak_of(runner, [1] * largest, kv, with_logits=False))
+        # Captured graphs share one pool sized by the largest: decode rows of one token each, or
+        # one chunk of the largest mixed graph's tokens.
+        pool_peak = _peak_of(runner, [1] * largest, kv, with_logits=False)
+        mixed = [t for t in mixed_sizes_for(runner) if t <= num_tokens]
+        if mixed:  # as many tokens, over requests no longer than max_model_len (RoPE's table)
+            pool_peak = max(pool_peak, _peak_of(runner, _split(mixed[-1], sc.max_num_seqs), kv, with_logits=False))
+        graph_pool = runner.platform.graph_pool_bytes(pool_peak)
     del kv
     runner.platform.synchronize()
     runner.platform.empty_cache()
@@ -135,7 +148,7 @@ def profile_kv_cache_budget(runner) -> int:
         "memory: KV cache %.2f GiB = %.2f x %.2f GiB total - %.2f GiB in use (weights %.2f GiB) "
         "- %.2f GiB activation peak (%d tokens, %d requests) - %.2f GiB graph pool",
         budget / GiB, util, total / GiB, (total - free) / GiB, runner.model_bytes() / GiB,
-        peak / GiB, num_tokens, num_reqs, graph_pool / GiB,
+        peak / GiB, num_tokens, len(lengths), graph_pool / GiB,
     )
     runner.profiled_peak_bytes = peak
     runner.profiled_graph_pool_bytes = graph_pool

@@ -106,7 +106,7 @@ class ModelRunner:
         )
         self.sampler = Sampler(_bitmask_kernel(platform), _first_max_kernel(platform))
         self.load_seconds = 0.0
-        # GPU step: persistent device inputs (None on CPU) and captured decode graphs.
+        # GPU step: persistent device inputs (None on CPU) and captured decode and mixed graphs.
         from octavo.worker.cuda_graph import make_step_buffers
 
         self.step_buffers = make_step_buffers(self)
@@ -372,10 +372,12 @@ class ModelRunner:
         if self.length_rope is not None:  # what the model reads as positions: rope keys
             positions = self.length_rope.keys(positions, batch.num_prompt_tokens[token_rows], known[req_idx])
         if self.step_buffers is not None:  # accelerator: pinned staging into persistent buffers
-            pad = self.graph_runner.padded_size(len(rows), total, int(n.max())) if self.graph_runner else None
+            gr, q = self.graph_runner, int(n.max())
+            pad = gr.padded_size(len(rows), total, q) if gr else None
+            mixed = gr.mixed_size(len(rows), total, q) if gr else None
             mds, inputs = self.step_buffers.stage(
                 token_ids, positions, slot_mappings, qsl, seq_lens, batch.block_tables, rows,
-                max_blocks, int(n.max()), pad_to=pad,
+                max_blocks, q, pad_to=pad, pad_tokens=mixed,
             )
         else:
             if self.cpu_graph is not None and self.cpu_graph.accepts(len(rows), total, int(n.max())):

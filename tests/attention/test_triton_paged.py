@@ -109,6 +109,44 @@ def test_padding_slots_are_not_written_interpreted():
     assert torch.equal(new, ref)
 
 
+@pytest.mark.skipif(HAS_GPU, reason="interpreter tests run where there is no GPU")
+@pytest.mark.parametrize("pad_tokens", [32, 29])  # a dummy chunk of 3 padding tokens; none
+def test_mixed_graph_layout_pads_without_touching_real_rows_interpreted(pad_tokens):
+    """A mixed step staged as a captured mixed graph reads it: padded to ``pad_tokens`` tokens
+    over every row of the step buffers (a dummy chunk in the row after the real ones, empty
+    rows after that), the kernel launched on the graph's static metadata gives the real rows
+    torch_ref's output and writes only their slots."""
+    import numpy as np
+
+    from octavo.platforms.cpu import CpuPlatform
+    from octavo.worker.cuda_graph import StepBuffers
+
+    seqs = [(17, 1), (0, 20), (30, 1), (15, 7)]  # 29 tokens: two chunks among decodes
+    q, k, v, cache, md = make_batch(seqs, num_heads=4, num_kv_heads=2, head_size=16, block_size=16,
+                                    dtype=torch.float32)
+    t = md.num_actual_tokens
+    ref_out, ref_cache = reference(q, k, v, cache, md, 16**-0.5)
+    buf = StepBuffers(32, 6, 4, 16, torch.device("cpu"), CpuPlatform)
+    table = np.zeros((6, 4), dtype=np.int32)
+    table[2:6, : md.block_table.shape[1]] = md.block_table.numpy()  # rows 2..5 hold the requests
+    qsl = md.query_start_loc_cpu
+    positions = np.concatenate([np.arange(c, c + n) for c, n in seqs])
+    buf.stage(np.arange(t), positions, [md.slot_mapping.numpy()], qsl, md.seq_lens_cpu, [table],
+              np.arange(2, 6), md.block_table.shape[1], int(md.max_query_len), pad_tokens=pad_tokens)
+    [gmd] = buf.mixed_graph_metadata(pad_tokens, 64)
+    assert buf.qsl[:7].tolist() == qsl.tolist() + [pad_tokens] * 2
+    assert buf.sl[:6].tolist() == md.seq_lens_cpu.tolist() + [pad_tokens - t, 0]
+    assert (buf.slot[t:pad_tokens] == -1).all()
+
+    def pad(x):  # padding rows: random, as a dummy chunk's activations would be
+        return torch.cat([x, torch.randn(pad_tokens - t, *x.shape[1:])])
+
+    out, new_cache = run_triton(pad(q), pad(k), pad(v), cache, gmd, 16**-0.5)
+    assert torch.equal(new_cache.double(), ref_cache)
+    assert rel_err(out[:t], ref_out) < TOL[torch.float32]
+    assert not torch.isnan(out).any()
+
+
 def test_backend_validate_messages():
     from octavo.attention.backends.triton_paged import TritonPagedBackend
     from octavo.platforms.cuda import CudaPlatform

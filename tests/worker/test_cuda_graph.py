@@ -108,6 +108,40 @@ def test_graph_plan_replays_uniform_steps_only():
     assert gr.padded_size(1, 1, 1) is None
 
 
+def test_mixed_capture_sizes():
+    from octavo.worker.cuda_graph import mixed_capture_sizes
+
+    assert mixed_capture_sizes(2048) == [32, 64, 128, 256, 512, 1024, 1536, 2048]
+    assert mixed_capture_sizes(100) == [32, 64, 100]
+    assert mixed_capture_sizes(8192) == [32, 64, 128, 256, 512] + list(range(1024, 4097, 512)) + [5120, 6144, 7168, 8192]
+    assert mixed_capture_sizes(1 << 20)[-1] == 16384
+    for limit in (40, 700, 3000, 9000, 16384):
+        sizes = mixed_capture_sizes(limit)
+        pairs = list(zip(sizes, sizes[1:], strict=False))
+        assert sizes[-1] == limit and pairs
+        # Padding: at most half of a replayed step up to 1024 tokens, a third past it.
+        assert all(b <= 2 * a for a, b in pairs) and all(2 * b <= 3 * a for a, b in pairs if a >= 1024)
+
+
+def test_graph_plan_replays_mixed_steps_no_decode_graph_takes():
+    from types import SimpleNamespace
+
+    from octavo.worker.cuda_graph import GraphRunner
+
+    # 16 requests at most (+1 padding row), 64 tokens per step.
+    runner = SimpleNamespace(step_buffers=StepBuffers(64, 17, 6, 16, torch.device("cpu"), CpuPlatform))
+    gr = GraphRunner(runner, capture_sizes(16), mixed_sizes=[32, 64, 128])
+    assert gr.mixed_sizes == [32, 64]  # 128 tokens do not fit the buffers
+    assert gr.padded_size(3, 3, 1) == 4 and gr.mixed_size(3, 3, 1) is None  # a decode graph takes it
+    assert gr.mixed_size(3, 20, 18) == 32 and gr.mixed_size(16, 64, 49) == 64
+    assert gr.mixed_size(3, 65, 60) is None  # past the largest: eager
+    assert gr.mixed_size(17, 20, 4) is None  # no row left for the padding
+    gr.mixed_enabled = False
+    assert gr.mixed_size(3, 20, 18) is None and gr.padded_size(3, 3, 1) == 4
+    gr.mixed_enabled, gr.enabled = True, False
+    assert gr.mixed_size(3, 20, 18) is None
+
+
 def test_stage_one_table_per_kv_cache_group():
     """A mixed full/sliding-window model: each group's slots and block table go to its own
     buffers; everything else is shared; graphs see every group's table at full width."""
@@ -192,6 +226,8 @@ def test_fp32_greedy_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypa
     runner = llm.llm_engine.core.runner
     assert runner.attn_backend.name == "triton_paged"
     assert (runner.graph_runner is None) == enforce_eager
+    if not enforce_eager:  # prefill chunks among decodes replayed from the mixed graphs
+        assert runner.graph_runner.mixed_sizes == [32, 64] and runner.graph_runner.mixed_replays > 0
     assert gpu_tokens == cpu_tokens
 
 

@@ -100,6 +100,9 @@ class TritonPagedBackend(StackedKVCacheBackend):
     name = "triton_paged"
     # Forward reads no device value on the host: safe to capture in a CUDA/HIP graph.
     supports_graph_capture = True
+    # ... and its grid is a function of (tokens, rows) alone, every length read on the device: one
+    # graph per padded token count serves any mix of prefill chunks and decodes.
+    supports_mixed_graph_capture = True
     # CUDA and ROCm (whose torch device type is also "cuda"); CI runs the kernels on CPU
     # under TRITON_INTERPRET=1 by calling them directly.
     supported_device_types = ("cuda",)
