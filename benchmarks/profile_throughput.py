@@ -9,9 +9,10 @@ and the device kernels by total time in the profiled one (top ``--top``; on a CP
 self time), grouped into attention / KV write / GEMM / other. One variant per process, ``METHOD[:KV_CACHE_DTYPE]``.
 A last pass times the host side per engine step: wall minus the wait for the device's sampled
 tokens (scheduler, input preparation, launches, output processing); with ``--host-pstats FILE``
-one more runs under cProfile and its stats are written to FILE. ``--ab-mixed-graphs`` follows
-every plain pass with one whose mixed steps run eagerly (``GraphRunner.mixed_enabled`` off; decode
-graphs kept), and times the host split that way too:
+one more runs under cProfile and its stats are written to FILE. With ``OCTAVO_MIXED_GRAPHS=1``
+(the mixed-step graphs, opt-in) ``--ab-mixed-graphs`` follows every plain pass with one whose
+mixed steps run eagerly (``GraphRunner.mixed_enabled`` off; decode graphs kept), and times the
+host split that way too:
 
     python benchmarks/profile_throughput.py --shape llama8b --variant fp8:fp8 --json-out p.json
     python -m pstats FILE  # then: sort tottime / stats 30

@@ -90,9 +90,10 @@ ENVIRONMENT_VARIABLES: dict[str, tuple[Callable[[], Any], str]] = {
         "inductor) or none (eager); unset: the platform's default. --enforce-eager always wins.",
     ),
     "OCTAVO_MIXED_GRAPHS": (
-        _bool("OCTAVO_MIXED_GRAPHS", True),
-        "CUDA/HIP graphs also for mixed steps (prefill chunks among decodes, up to 16384 tokens, "
-        "padded to captured token counts); 0: those steps run eagerly, decode steps keep their graphs.",
+        _bool("OCTAVO_MIXED_GRAPHS", False),
+        "1: CUDA/HIP graphs also for mixed steps (prefill chunks among decodes, up to 16384 tokens, "
+        "padded to captured token counts) with triton_paged; unset or 0: those steps run eagerly "
+        "(decode steps replay graphs either way). Opt-in until its startup profile is re-run on a GPU.",
     ),
     "OCTAVO_DECODE_GEMV": (
         _str("OCTAVO_DECODE_GEMV", None),

@@ -166,7 +166,7 @@ class CudaPlatform(CudaLikePlatform):
     # flash-attn when importable (and the GPU and config suit it), else Triton, else the reference.
     attn_backend_priority = ("flash_attn", "triton_paged", "torch_ref")
     graph_capture = "cuda_graph"
-    graph_capture_reason = "CUDA graphs replay captured decode and mixed steps"
+    graph_capture_reason = "CUDA graphs replay captured decode steps (mixed steps too with OCTAVO_MIXED_GRAPHS=1)"
     communicator = "nccl"
     communicator_reason = "NCCL over NVLink / PCIe"
     dist_backend = "nccl"

@@ -26,7 +26,7 @@ class RocmPlatform(CudaLikePlatform):
     _supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.bfloat16, torch.float16, torch.float32)
     attn_backend_priority = ("triton_paged", "torch_ref")
     graph_capture = "hip_graph"
-    graph_capture_reason = "HIP graphs (torch.cuda.CUDAGraph on ROCm) replay decode and mixed steps"
+    graph_capture_reason = "HIP graphs (torch.cuda.CUDAGraph on ROCm) replay decode steps (mixed steps too with OCTAVO_MIXED_GRAPHS=1)"
     communicator = "rccl"
     communicator_reason = "RCCL over Infinity Fabric / PCIe"
     dist_backend = "nccl"  # torch's name for the RCCL process group

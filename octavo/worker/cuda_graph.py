@@ -17,9 +17,9 @@ size ``>= B``; the padding rows decode a dummy token against the null block and 
 ``q = 1 + drafts`` query tokens, ``q`` up to ``1 + num_speculative_tokens``) replay graphs too,
 at padded sizes up to ``MAX_VERIFY_CAPTURE_SIZE``: an eager step of a large model at batch 1
 is bound by kernel launches, several times a decode step. Other steps (a prefill chunk, mixed
-draft counts) replay *mixed* graphs when the attention backend allows it
-(``supports_mixed_graph_capture``): one graph per padded token count (``mixed_capture_sizes``),
-captured over every row of the buffers. A mixed step of ``t`` tokens over ``b`` requests is padded
+draft counts) run eagerly, or with ``OCTAVO_MIXED_GRAPHS=1`` replay *mixed* graphs when the
+attention backend allows it (``supports_mixed_graph_capture``): one graph per padded token count
+(``mixed_capture_sizes``), captured over every row of the buffers. A mixed step of ``t`` tokens over ``b`` requests is padded
 to the smallest captured count ``T >= t``; row ``b`` takes the ``T - t`` padding tokens as a dummy
 chunk that writes no KV and reads the null block, rows after it are empty. The attention kernel's
 grid depends only on (tokens, rows) and reads every length from the device, so one graph serves
@@ -229,47 +229,35 @@ class StepBuffers:
     def graph_metadata(self, size: int, max_seq_len: int, q: int = 1) -> list[CommonAttentionMetadata]:
         """Static metadata of a captured graph of ``size`` rows of ``q`` query tokens each
         (views of the buffers), one per KV cache group."""
-        w, t = self.width, size * q
-        md = CommonAttentionMetadata(
-            query_start_loc=self.qsl[: size + 1],
-            seq_lens=self.sl[:size],
-            block_table=self.bt[: size * w].view(size, w),
-            slot_mapping=self.slot[:t],
-            query_start_loc_cpu=np.arange(size + 1) * q,
-            seq_lens_cpu=np.full(size, q, dtype=np.int64),
-            num_reqs=size,
-            num_actual_tokens=t,
-            max_query_len=q,
-            max_seq_len=max_seq_len,
-            block_size=self.block_size,
-        )
-        return [md] + [
-            dataclasses.replace(md, block_table=bt[: size * w].view(size, w), slot_mapping=slot[:t])
-            for (_, _, slot), (_, _, bt) in zip(self.slots[1:], self.bts[1:], strict=True)
-        ]
+        return self._static_metadata(size, np.arange(size + 1) * q, q, max_seq_len)
 
     def mixed_graph_metadata(self, tokens: int, max_seq_len: int) -> list[CommonAttentionMetadata]:
         """Static metadata of a captured mixed graph of ``tokens`` tokens over every row (views of
         the buffers), one per KV cache group. Its ``max_query_len`` is the token count: the
         attention launch takes the prefill-sized tiles, which serve any mix of rows."""
-        rows, w = self.max_reqs, self.width
-        qsl = np.full(rows + 1, tokens, dtype=np.int64)
+        qsl = np.full(self.max_reqs + 1, tokens, dtype=np.int64)
         qsl[0] = 0
+        return self._static_metadata(self.max_reqs, qsl, tokens, max_seq_len)
+
+    def _static_metadata(self, rows: int, qsl: np.ndarray, max_query_len: int, max_seq_len: int):
+        """Metadata over the first ``rows`` rows at full width and ``qsl[-1]`` tokens, one per KV
+        cache group; ``qsl`` is the capture's layout (host copy only: replays restage it)."""
+        w, t = self.width, int(qsl[-1])
         md = CommonAttentionMetadata(
             query_start_loc=self.qsl[: rows + 1],
             seq_lens=self.sl[:rows],
             block_table=self.bt[: rows * w].view(rows, w),
-            slot_mapping=self.slot[:tokens],
+            slot_mapping=self.slot[:t],
             query_start_loc_cpu=qsl,
             seq_lens_cpu=np.diff(qsl),
             num_reqs=rows,
-            num_actual_tokens=tokens,
-            max_query_len=tokens,
+            num_actual_tokens=t,
+            max_query_len=max_query_len,
             max_seq_len=max_seq_len,
             block_size=self.block_size,
         )
         return [md] + [
-            dataclasses.replace(md, block_table=bt[: rows * w].view(rows, w), slot_mapping=slot[:tokens])
+            dataclasses.replace(md, block_table=bt[: rows * w].view(rows, w), slot_mapping=slot[:t])
             for (_, _, slot), (_, _, bt) in zip(self.slots[1:], self.bts[1:], strict=True)
         ]
 
@@ -315,7 +303,7 @@ def graph_mode(runner) -> tuple[str, str]:
 def mixed_sizes_for(runner) -> list[int]:
     """The mixed-graph token counts of a runner that captures graphs: none when its attention
     backend reads host lengths (``supports_mixed_graph_capture``), with speculative decoding
-    (its non-uniform verify steps stay eager) or with ``OCTAVO_MIXED_GRAPHS=0``."""
+    (its non-uniform verify steps stay eager) and unless ``OCTAVO_MIXED_GRAPHS=1`` (opt-in)."""
     if not getattr(runner.attn_backend, "supports_mixed_graph_capture", False):
         return []
     if runner.config.speculative_config is not None or not envs.OCTAVO_MIXED_GRAPHS:

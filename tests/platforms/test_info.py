@@ -45,7 +45,7 @@ def test_info_on_a_simulated_h100(monkeypatch, llama_dir):
     assert info["device count"] == "8"
     assert info["  not cpu"].startswith("available, but cuda comes first")
     assert info["dtype"] == "bfloat16"  # auto on sm90 for a float32 checkpoint
-    assert info["graphs"] == "cuda_graph (CUDA graphs replay captured decode and mixed steps)"
+    assert info["graphs"] == "cuda_graph (CUDA graphs replay captured decode steps (mixed steps too with OCTAVO_MIXED_GRAPHS=1))"
     assert info["communicator"] == "nccl (NCCL over NVLink / PCIe) [torch.distributed backend nccl]"
     assert info["attention"].startswith("triton_paged (") and info["attention"].endswith("choice 2 of 3; fallback: flash_attn cannot run, see below)")
     assert info["  not flash_attn"] == "package 'flash_attn' is not installed"

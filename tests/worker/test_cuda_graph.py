@@ -219,6 +219,7 @@ def _generate(path, monkeypatch, platform, **kw):
 @pytest.mark.parametrize("arch", GPU_ARCHS)
 @pytest.mark.parametrize("enforce_eager", [False, True])
 def test_fp32_greedy_identical_to_cpu(arch, enforce_eager, checkpoints, monkeypatch):
+    monkeypatch.setenv("OCTAVO_MIXED_GRAPHS", "1")  # the opt-in mixed-step graphs too
     _, _, cpu_tokens = _generate(checkpoints[arch], monkeypatch, "cpu", dtype="float32")
     llm, _, gpu_tokens = _generate(
         checkpoints[arch], monkeypatch, "cuda", dtype="float32", enforce_eager=enforce_eager
