@@ -120,7 +120,8 @@ def main() -> int:
 
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
     warm = run(llm, prompts(), params)
-    graphs = llm.llm_engine.core.runner.graph_runner
+    runner = getattr(llm.llm_engine.core, "runner", None)  # in-process executor only
+    graphs = getattr(runner, "graph_runner", None)
     ab = args.ab_mixed_graphs and graphs is not None and bool(graphs.mixed_sizes)
 
     def eager_mixed(fn):  # fn() with the mixed graphs off

@@ -8,6 +8,7 @@ surfaces as ``WorkerDiedError``.
 from __future__ import annotations
 
 import logging
+import os
 
 from octavo.config import OctavoConfig
 from octavo.engine import serial
@@ -62,7 +63,10 @@ class RayExecutor(DistributedExecutor):
             actor_cls.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=self.pg, placement_group_bundle_index=rank
-                )
+                ),
+                # Every rank reads the driver's OCTAVO_* settings (graph modes, kernels): ranks
+                # that chose differently would run differently shaped collectives and hang.
+                runtime_env={"env_vars": {k: v for k, v in os.environ.items() if k.startswith("OCTAVO_")}},
             ).remote(args, rank, init_method)
             for rank in range(world)
         ]

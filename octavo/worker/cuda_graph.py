@@ -356,8 +356,9 @@ class GraphRunner:
     def mixed_size(self, num_reqs: int, num_tokens: int, max_query_len: int) -> int | None:
         """The token count of the mixed graph a step replays, or None (eager): for steps no
         decode/verify graph takes, of at most the largest mixed count of tokens, with a row left
-        over for the padding."""
-        if not (self.enabled and self.mixed_enabled and self.mixed_sizes):
+        over for the padding. Pure decode steps past the decode graphs stay eager: the mixed
+        graphs' prefill-sized attention tiles would hold one query token per request."""
+        if not (self.enabled and self.mixed_enabled and self.mixed_sizes) or max_query_len <= 1:
             return None
         if num_reqs >= self.buffers.max_reqs or self.padded_size(num_reqs, num_tokens, max_query_len) is not None:
             return None

@@ -137,6 +137,8 @@ def profile_kv_cache_budget(runner) -> int:
         if mixed:  # as many tokens, over requests no longer than max_model_len (RoPE's table)
             pool_peak = max(pool_peak, _peak_of(runner, _split(mixed[-1], sc.max_num_seqs), kv, with_logits=False))
         graph_pool = runner.platform.graph_pool_bytes(pool_peak)
+        if mixed:  # plus the mixed graphs' shared output buffer, outside the pool
+            graph_pool += mixed[-1] * mc.hidden_size * torch.empty((), dtype=mc.dtype).element_size()
     del kv
     runner.platform.synchronize()
     runner.platform.empty_cache()

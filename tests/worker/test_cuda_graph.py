@@ -136,6 +136,9 @@ def test_graph_plan_replays_mixed_steps_no_decode_graph_takes():
     assert gr.mixed_size(3, 20, 18) == 32 and gr.mixed_size(16, 64, 49) == 64
     assert gr.mixed_size(3, 65, 60) is None  # past the largest: eager
     assert gr.mixed_size(17, 20, 4) is None  # no row left for the padding
+    decode_sizes, gr.plan[1] = gr.plan[1], [1, 2, 4, 8]  # decodes past the decode graphs: eager
+    assert gr.padded_size(12, 12, 1) is None and gr.mixed_size(12, 12, 1) is None
+    gr.plan[1] = decode_sizes
     gr.mixed_enabled = False
     assert gr.mixed_size(3, 20, 18) is None and gr.padded_size(3, 3, 1) == 4
     gr.mixed_enabled, gr.enabled = True, False
