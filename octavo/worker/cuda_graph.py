@@ -358,14 +358,30 @@ class GraphRunner:
         decode/verify graph takes, of at most the largest mixed count of tokens, with a row left
         over for the padding. Pure decode steps past the decode graphs stay eager: the mixed
         graphs' prefill-sized attention tiles would hold one query token per request."""
+        if self.padded_size(num_reqs, num_tokens, max_query_len) is not None:
+            return None
+        return self._mixed_tokens(num_reqs, num_tokens, max_query_len)
+
+    def _mixed_tokens(self, num_reqs: int, num_tokens: int, max_query_len: int) -> int | None:
+        """``mixed_size`` for a step no decode/verify graph takes."""
         if not (self.enabled and self.mixed_enabled and self.mixed_sizes) or max_query_len <= 1:
             return None
-        if num_reqs >= self.buffers.max_reqs or self.padded_size(num_reqs, num_tokens, max_query_len) is not None:
+        if num_reqs >= self.buffers.max_reqs:
             return None
         for t in self.mixed_sizes:
             if t >= num_tokens:
                 return t
         return None
+
+    def graph_key(self, num_reqs: int, num_tokens: int, max_query_len: int) -> tuple[int, int] | None:
+        """The graph a step replays: ``(rows, max_query_len)`` of a decode/verify graph (stage
+        with ``pad_to=rows``), ``(tokens, MIXED)`` of a mixed one (``pad_tokens=tokens``), or
+        None (eager). Staging and replay both ask this, so they always agree."""
+        size = self.padded_size(num_reqs, num_tokens, max_query_len)
+        if size is not None:
+            return size, max_query_len
+        tokens = self._mixed_tokens(num_reqs, num_tokens, max_query_len)
+        return None if tokens is None else (tokens, MIXED)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -417,14 +433,8 @@ class GraphRunner:
         return graph, out, md
 
     def replay(self, md: CommonAttentionMetadata) -> torch.Tensor | None:
-        """Replay for a step whose inputs were staged with ``pad_to=padded_size(...)`` or
-        ``pad_tokens=mixed_size(...)``."""
-        key = None
-        size = self.padded_size(md.num_reqs, md.num_actual_tokens, md.max_query_len)
-        if size is not None:
-            key = (size, md.max_query_len)
-        elif (tokens := self.mixed_size(md.num_reqs, md.num_actual_tokens, md.max_query_len)) is not None:
-            key = (tokens, MIXED)
+        """Replay for a step whose inputs were staged as its ``graph_key`` says."""
+        key = self.graph_key(md.num_reqs, md.num_actual_tokens, md.max_query_len)
         if key is None:
             return None
         graph, out, _ = self.graphs[key]

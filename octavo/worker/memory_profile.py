@@ -6,8 +6,9 @@ processes), the activation peak is measured by a dummy forward of the largest st
 scheduler can produce (``max_num_batched_tokens`` tokens over up to ``max_num_seqs`` requests,
 logits and a sampler-sized sort included), and the graph pool by a dummy decode forward at the
 largest captured batch, or with mixed-step graphs (``cuda_graph.mixed_sizes_for``) by a dummy
-forward of the largest mixed token count when that holds more. The dummies attend over a small scratch KV cache shared by all layers,
-allocated before the peak counter is reset so it is not counted.
+forward of the largest mixed token count when that holds more. The dummies attend over a small
+scratch KV cache shared by all layers, allocated before the peak counter is reset so it is not
+counted.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def profile_kv_cache_budget(runner) -> int:
             pool_peak = max(pool_peak, _peak_of(runner, _split(mixed[-1], sc.max_num_seqs), kv, with_logits=False))
         graph_pool = runner.platform.graph_pool_bytes(pool_peak)
         if mixed:  # plus the mixed graphs' shared output buffer, outside the pool
-            graph_pool += mixed[-1] * mc.hidden_size * torch.empty((), dtype=mc.dtype).element_size()
+            graph_pool += mixed[-1] * mc.hidden_size * mc.dtype.itemsize
     del kv
     runner.platform.synchronize()
     runner.platform.empty_cache()

@@ -55,6 +55,7 @@ from octavo.spec_decode.rejection_sampler import (
     verify_one_hot_drafts,
     verify_one_hot_drafts_host,
 )
+from octavo.worker.cuda_graph import MIXED
 from octavo.worker.input_batch import InputBatch
 from octavo.worker.step_handle import ReadyStep, SampledTokens, StepHandle, logprob_dicts
 from octavo.worker.transfer import DeviceTransfer
@@ -372,12 +373,12 @@ class ModelRunner:
         if self.length_rope is not None:  # what the model reads as positions: rope keys
             positions = self.length_rope.keys(positions, batch.num_prompt_tokens[token_rows], known[req_idx])
         if self.step_buffers is not None:  # accelerator: pinned staging into persistent buffers
-            gr, q = self.graph_runner, int(n.max())
-            pad = gr.padded_size(len(rows), total, q) if gr else None
-            mixed = gr.mixed_size(len(rows), total, q) if gr else None
+            q = int(n.max())
+            key = self.graph_runner.graph_key(len(rows), total, q) if self.graph_runner else None
+            mixed = key is not None and key[1] == MIXED
             mds, inputs = self.step_buffers.stage(
                 token_ids, positions, slot_mappings, qsl, seq_lens, batch.block_tables, rows,
-                max_blocks, q, pad_to=pad, pad_tokens=mixed,
+                max_blocks, q, pad_to=key[0] if key and not mixed else None, pad_tokens=key[0] if mixed else None,
             )
         else:
             if self.cpu_graph is not None and self.cpu_graph.accepts(len(rows), total, int(n.max())):
